@@ -1,0 +1,40 @@
+"""All terminal output goes through here; the only module that imports rich."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+
+def print_json(data: Any) -> None:
+    """Machine-readable output: plain JSON on stdout, no colour, no wrapping."""
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    t = Table(title=title, title_justify="left")
+    for column in columns:
+        t.add_column(column)
+    for row in rows:
+        t.add_row(*(str(cell) for cell in row))
+    out.print(t)
+
+
+@contextmanager
+def status(message: str) -> Iterator[None]:
+    """A spinner on stderr for long work; silent when stderr is not a terminal."""
+    if err.is_terminal:
+        with err.status(message):
+            yield
+    else:
+        err.print(message)
+        yield
