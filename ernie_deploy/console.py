@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -11,7 +12,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-out = Console(highlight=False)
+# Rich falls back to 80 columns when output is piped, which truncates plan tables; use COLUMNS or 140.
+_WIDTH = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "140"))
+out = Console(highlight=False, width=_WIDTH)
 err = Console(stderr=True, highlight=False)
 
 

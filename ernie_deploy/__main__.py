@@ -1,0 +1,5 @@
+import sys
+
+from ernie_deploy.cli import main
+
+sys.exit(main())

@@ -1,0 +1,210 @@
+"""Command line: thin commands over the pure planning core.
+
+Exit codes: 0 success; 1 a host's plan has errors (nothing rendered for it); 2 bad input or usage
+(inventory, data file, template, arguments); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from ernie_deploy import __version__, console
+from ernie_deploy.errors import DeployError
+from ernie_deploy.inventory import Inventory, load_inventory
+from ernie_deploy.plan import PlanContext, plan_hosts
+from ernie_deploy.plantypes import HostPlan
+from ernie_deploy.render import environment_for_templates, render_host, templates_dir
+from ernie_deploy.report import show_explain, show_plans
+
+EXIT_OK, EXIT_PLAN_ERRORS, EXIT_INPUT = 0, 1, 2
+JSON_SCHEMA = "ernie-deploy/plan/v1"
+
+log = logging.getLogger("ernie_deploy")
+
+
+def _common(p: argparse.ArgumentParser, limit: bool = True) -> None:
+    p.add_argument("-i", "--inventory", required=True, type=Path, metavar="INV",
+                   help="Ansible-style YAML inventory (group_vars/ and host_vars/ beside it are read too)")
+    if limit:
+        p.add_argument("-l", "--limit", metavar="PATTERN",
+                       help="Ansible host pattern: names, groups, globs, a:b union, a:&b intersection, a:!b exclusion")
+    p.add_argument("--table", type=Path, metavar="FILE",
+                   help="recommended-config table to use instead of the bundled one")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ernie-deploy",
+        description="Plan, render and deploy vLLM services (ERNIE-4.5 or any Hugging Face model) on GPU hosts.",
+        epilog="Exit codes: 0 ok · 1 a plan has errors · 2 bad input or usage · 130 interrupted.",
+    )
+    parser.add_argument("--version", action="version", version=f"ernie-deploy {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="-v shows info findings; -vvv prints tracebacks of errors")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("plan", help="validate and explain the plan of every host (touches no host)",
+                       description="Match each host to the recommended-config table, validate the result the "
+                                   "way vLLM would, and show memory estimates and findings with fixes.")
+    _common(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output (schema ernie-deploy/plan/v1)")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("render", help="write the systemd units and env files of every host to a directory",
+                       description="Render OUT/HOST/etc/systemd/system/*.service and OUT/HOST/etc/ernie-deploy/*.env "
+                                   "(mode 0600). Hosts whose plan has errors get nothing.")
+    _common(p)
+    p.add_argument("-o", "--output", required=True, type=Path, metavar="DIR", help="output directory")
+    p.add_argument("--templates", type=Path, metavar="DIR",
+                   help="your own template directory (vllm.service.j2, vllm.env.j2)")
+    p.add_argument("--json", action="store_true", help="list written files as JSON")
+    p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("explain", help="why every setting of a host has its value",
+                       description="Show each setting with its source: table default, profile, row, inventory "
+                                   "variable or computed fallback.")
+    _common(p, limit=False)
+    p.add_argument("host", help="inventory host name")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_explain)
+
+    p = sub.add_parser("inventory", help="show the inventory exactly as ansible-inventory would",
+                       description="Same output as `ansible-inventory -i INV --list|--host|--graph`, so the two "
+                                   "can be diffed.")
+    p.add_argument("-i", "--inventory", required=True, type=Path, metavar="INV")
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--list", action="store_true", help="all groups and host variables as JSON")
+    mode.add_argument("--host", metavar="HOST", help="one host's variables as JSON")
+    mode.add_argument("--graph", nargs="?", const="all", metavar="GROUP", help="the group tree")
+    p.add_argument("--vars", action="store_true", help="with --graph: show variables")
+    p.set_defaults(func=cmd_inventory)
+
+    from ernie_deploy.lab.cli import register as register_lab
+
+    register_lab(sub)
+    return parser
+
+
+def _load(args: argparse.Namespace) -> tuple[Inventory, PlanContext]:
+    inventory = load_inventory(args.inventory)
+    ctx = PlanContext.load(args.table, base_dir=args.inventory.resolve().parent)
+    return inventory, ctx
+
+
+def _plans(args: argparse.Namespace) -> list[HostPlan]:
+    inventory, ctx = _load(args)
+    return plan_hosts(list(inventory.select(args.limit)), ctx)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    plans = _plans(args)
+    if args.json:
+        console.print_json({"schema": JSON_SCHEMA, "ok": all(p.ok for p in plans),
+                            "hosts": [p.to_json() for p in plans]})
+    else:
+        show_plans(plans, verbose=args.verbose > 0)
+        bad = [p.name for p in plans if not p.ok]
+        summary = f"{len(plans)} host(s), {len(bad)} with errors" + (f": {', '.join(bad)}" if bad else "")
+        console.out.print(summary, markup=False)
+    return EXIT_OK if all(p.ok for p in plans) else EXIT_PLAN_ERRORS
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    plans = _plans(args)
+    env = environment_for_templates(templates_dir(args.templates))
+    rendered, failed = {}, {}
+    for plan in plans:
+        try:
+            rendered[plan.name] = render_host(plan, env)
+        except DeployError as exc:
+            failed[plan.name] = exc
+    args.output.mkdir(parents=True, exist_ok=True)
+    written = []
+    for host, files in rendered.items():
+        written += _write_host(args.output, host, files)
+    if args.json:
+        console.print_json({"schema": "ernie-deploy/render/v1", "written": written,
+                            "failed": {h: str(e) for h, e in failed.items()}})
+    else:
+        for path in written:
+            console.out.print(f"wrote {path}", markup=False)
+        for exc in failed.values():
+            console.err.print(f"error: {exc}", markup=False)
+    return EXIT_PLAN_ERRORS if failed else EXIT_OK
+
+
+def _write_host(out: Path, host: str, files: list) -> list[str]:
+    """Write one host's files into a fresh directory, then swap it in: never a half-written host."""
+    target = out / host
+    staging = Path(tempfile.mkdtemp(prefix=f".{host}.", dir=out))
+    try:
+        paths = []
+        for f in files:
+            dest = staging / f.path.lstrip("/")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, f.mode)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(f.content)
+            paths.append(str(target / f.path.lstrip("/")))
+        os.chmod(staging, 0o755)
+        if target.exists():
+            old = out / f".{host}.old"
+            shutil.rmtree(old, ignore_errors=True)
+            target.rename(old)
+            staging.rename(target)
+            shutil.rmtree(old)
+        else:
+            staging.rename(target)
+        return paths
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    inventory, ctx = _load(args)
+    if args.host not in inventory.hosts:
+        raise DeployError(f"no host {args.host!r} in the inventory", where=str(args.inventory),
+                          hint="run `ernie-deploy inventory -i INV --graph` to list the hosts")
+    (plan,) = plan_hosts([inventory.hosts[args.host]], ctx)
+    if args.json:
+        console.print_json({"schema": JSON_SCHEMA, **plan.to_json()})
+    else:
+        show_explain(plan)
+        show_plans([plan], verbose=True)
+    return EXIT_OK if plan.ok else EXIT_PLAN_ERRORS
+
+
+def cmd_inventory(args: argparse.Namespace) -> int:
+    inventory = load_inventory(args.inventory)
+    if args.graph:
+        sys.stdout.write(inventory.graph(args.graph, with_vars=args.vars) + "\n")
+        return EXIT_OK
+    data = inventory.ansible_list() if args.list else inventory.ansible_host(args.host)
+    # ansible-inventory's JSON: 4-space indent, sorted keys.
+    sys.stdout.write(json.dumps(data, indent=4, sort_keys=True) + "\n")
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose >= 3 else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args))
+    except DeployError as exc:
+        if args.verbose >= 3:
+            log.exception("error")
+        console.err.print(f"error: {exc}", markup=False, highlight=False)
+        return EXIT_INPUT
+    except KeyboardInterrupt:
+        console.err.print("interrupted", markup=False)
+        return 130

@@ -1,0 +1,221 @@
+"""Planning: inventory host + recommendation table + model facts → a validated HostPlan. Pure: no I/O
+beyond reading the local data files and model configs it is pointed at."""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from ernie_deploy.errors import DeployError
+from ernie_deploy.findings import Finding, Severity
+from ernie_deploy.hardware import Catalog, GpuType, load_catalog
+from ernie_deploy.models import ModelSpec, bundled_model, load_model
+from ernie_deploy.plantypes import HostPlan, InstancePlan
+from ernie_deploy.recommend import Row, Table, load_table
+from ernie_deploy.settings import DEFAULTS, Setting, host_secrets, inventory_settings
+from ernie_deploy.validate import check_instance, check_sharing, memory_for
+from ernie_deploy.versions import parse_version, version_facts
+
+
+class HostLike(Protocol):
+    """What planning needs from an inventory host."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def vars(self) -> Mapping[str, Any]: ...
+    @property
+    def address(self) -> str: ...
+
+
+@dataclass
+class PlanContext:
+    """Shared, read-only inputs of a planning run (caches model configs across hosts)."""
+
+    catalog: Catalog
+    table: Table
+    base_dir: Path = field(default_factory=Path.cwd)  # relative vllm_model_config paths start here
+    _models: dict[str, ModelSpec] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, table_path: Path | None = None, base_dir: Path | None = None) -> PlanContext:
+        catalog = load_catalog()
+        return cls(catalog, load_table(catalog, table_path), base_dir or Path.cwd())
+
+    def model(self, model: str, config: str | None, where: str) -> ModelSpec:
+        key = f"{model}|{config}"
+        if key not in self._models:
+            if config:
+                path = Path(config)
+                self._models[key] = load_model(path if path.is_absolute() else self.base_dir / path)
+            else:
+                spec = bundled_model(model)
+                if spec is None:
+                    raise DeployError(f"no model config known for {model!r}", where=where,
+                                      hint="set vllm_model_config to a local copy of the model's config.json")
+                self._models[key] = spec
+        return self._models[key]
+
+
+def _resolve(name: str, layers: list[tuple[str, Mapping[str, Any]]]) -> Setting | None:
+    """The last layer that sets `name` wins; its label becomes the setting's source."""
+    found = None
+    for label, values in layers:
+        if name in values:
+            found = Setting(values[name], label)
+    return found
+
+
+def _gpu(host: HostLike, catalog: Catalog) -> tuple[GpuType, int]:
+    model = host.vars.get("gpu_model")
+    count = host.vars.get("gpu_count")
+    if not isinstance(model, str) or not model:
+        raise DeployError("gpu_model is not set", where=host.name,
+                          hint=f"set gpu_model to one of: {', '.join(catalog.names())}")
+    gpu = catalog.lookup(model)
+    if gpu is None:
+        raise DeployError(f"unknown GPU model {model!r}", where=host.name,
+                          hint=f"use an nvidia-smi name from the catalog: {', '.join(catalog.names())}")
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise DeployError(f"gpu_count must be a positive integer, got {count!r}", where=host.name,
+                          hint="set gpu_count to the number of GPUs in the host")
+    return gpu, count
+
+
+def _fallback(model: ModelSpec, gpu_count: int) -> dict[str, Any]:
+    """Computed settings for hardware without a table row: the largest TP the GPUs allow."""
+    return {"tensor_parallel_size": model.valid_tp_sizes(limit=gpu_count)[-1]}
+
+
+def _layers(table: Table, row: Row | None, fallback: Mapping[str, Any], inv: Mapping[str, Any],
+            profile_name: str, profile_from_inventory: bool) -> list[tuple[str, Mapping[str, Any]]]:
+    profile = table.profiles[profile_name]
+    profile_values = {"max_model_len": profile.max_model_len} if profile.max_model_len is not None else {}
+    layers: list[tuple[str, Mapping[str, Any]]] = [
+        ("default", DEFAULTS),
+        (f"table defaults ({table.path})", table.defaults),
+        (f"profile {profile_name}", profile_values),
+    ]
+    if row is not None:
+        layers.append((f"row {row.name}", row.settings))
+    if fallback:
+        layers.append(("computed fallback (no table row)", fallback))
+    if profile_from_inventory:
+        # An operator who picks a profile for a host wants its context length, not the row's.
+        layers.append((f"profile {profile_name} (chosen by vllm_profile)", profile_values))
+    layers.append(("inventory variable", {k: v for k, v in inv.items()}))
+    return layers
+
+
+def plan_host(host: HostLike, ctx: PlanContext) -> HostPlan:
+    """Plan one host. Bad input becomes an error finding, so one bad host never hides the others."""
+    try:
+        return _plan_host(host, ctx)
+    except DeployError as exc:
+        return HostPlan(
+            name=host.name, address=host.address, gpu=None, gpu_count=0, row=None, profile=None, model=None,
+            model_path="", version="", bin="", user="", drain_timeout=0, env={}, secrets={}, settings={},
+            instances=(), findings=(Finding(Severity.ERROR, "input", exc.message, fix=exc.hint),),
+        )
+
+
+def _plan_host(host: HostLike, ctx: PlanContext) -> HostPlan:
+    where = host.name
+    inv = inventory_settings(host.vars, where)
+    gpu, gpu_count = _gpu(host, ctx.catalog)
+    table = ctx.table
+    row = table.match(gpu, gpu_count)
+    base = {**DEFAULTS, **table.defaults, **(row.settings if row else {}), **inv}
+    model_path = str(base["model"])
+    model = ctx.model(model_path, base.get("model_config"), where)
+    fallback: dict[str, Any] = {}
+    if row is None:
+        if not base.get("allow_fallback"):
+            rows = "; ".join(r.describe() for r in table.rows)
+            raise DeployError(
+                f"no row of the recommendation table matches {gpu_count} × {gpu.name}", where=where,
+                hint=f"known rows: {rows}. Add a row to {table.path}, or set vllm_allow_fallback: true "
+                     "to compute TP and context from the profile")
+        fallback = _fallback(model, gpu_count)
+    profile_name = str(base.get("profile") or "dev")
+    table.profile(profile_name, where)
+    layers = _layers(table, row, fallback, inv, profile_name, "profile" in inv)
+    settings = {name: s for name in sorted({k for _, v in layers for k in v})
+                if (s := _resolve(name, layers)) is not None}
+
+    def value(name: str, default: Any = None) -> Any:
+        return settings[name].value if name in settings else default
+
+    version_text = str(value("version") or version_facts().default)
+    version = parse_version(version_text, f"{where}: vllm_version")
+    instances = _instances(host, ctx, model, gpu, gpu_count, value, settings)
+    findings: list[Finding] = []
+    for inst in instances:
+        findings += check_instance(inst, model, gpu, gpu_count, version, version_text)
+    findings += check_sharing(instances, gpu, version)
+    findings += _layout_findings(instances, gpu_count, bool(value("share_gpus")))
+    env = dict(value("env", {}))
+    secrets = host_secrets(host.vars, where)
+    if "api_key" in settings:
+        secrets["VLLM_API_KEY"] = settings["api_key"].value
+    return HostPlan(
+        name=host.name, address=host.address, gpu=gpu, gpu_count=gpu_count,
+        row=row.name if row else None, profile=profile_name, model=model, model_path=model_path,
+        version=version_text, bin=str(value("bin")), user=str(value("user")),
+        drain_timeout=int(value("drain_timeout")), env=env, secrets=secrets, settings=settings,
+        instances=tuple(instances), findings=tuple(_ordered(findings)),
+    )
+
+
+def _instances(host: HostLike, ctx: PlanContext, model: ModelSpec, gpu: GpuType, gpu_count: int,
+               value: Any, settings: dict[str, Setting]) -> list[InstancePlan]:
+    count = int(value("instances", 1))
+    if count < 1:
+        raise DeployError(f"vllm_instances must be ≥ 1, got {count}", where=host.name)
+    tp = int(value("tensor_parallel_size", 1))
+    pp = int(value("pipeline_parallel_size", 1))
+    per = max(tp, 1) * max(pp, 1)
+    share = bool(value("share_gpus"))
+    mml = value("max_model_len")
+    util = float(value("gpu_memory_utilization", 0.9))
+    base_name = str(value("served_model_name") or posixpath.basename(str(value("model")).rstrip("/")))
+    port = int(value("port", 8000))
+    profile = ctx.table.profiles[str(value("profile") or "dev")]
+    args = tuple(profile.args) + tuple(value("extra_args", []))
+    out = []
+    for k in range(count):
+        first = (k * per) % gpu_count if share else k * per
+        gpus = tuple(g for g in range(first, first + per) if g < gpu_count or share)
+        gpus = tuple(g % gpu_count for g in gpus) if share else gpus
+        out.append(InstancePlan(
+            index=k, unit=f"ernie-vllm-{k}", port=port + k, host=str(value("host", "0.0.0.0")),
+            gpus=tuple(dict.fromkeys(gpus)), served_model_name=base_name if k == 0 else f"{base_name}-{k}",
+            tensor_parallel_size=tp, pipeline_parallel_size=pp, max_model_len=mml,
+            gpu_memory_utilization=util, args=args,
+            memory=memory_for(tp, pp, mml, util, model, gpu),
+        ))
+    return out
+
+
+def _layout_findings(instances: list[InstancePlan], gpu_count: int, share: bool) -> list[Finding]:
+    need = sum(i.tensor_parallel_size * i.pipeline_parallel_size for i in instances)
+    if share or need <= gpu_count or len(instances) < 2:
+        return []
+    per = instances[0].tensor_parallel_size * instances[0].pipeline_parallel_size
+    return [Finding(
+        Severity.ERROR, "gpus-exhausted",
+        f"{len(instances)} instances × {per} GPUs need {need} GPUs; the host has {gpu_count}",
+        fix=f"set vllm_instances to {max(1, gpu_count // max(per, 1))}, or vllm_share_gpus: true with "
+            "memory fractions that sum to ≤ 1 per GPU")]
+
+
+def _ordered(findings: list[Finding]) -> list[Finding]:
+    rank = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.ADVICE: 2, Severity.INFO: 3}
+    return sorted(findings, key=lambda f: rank[f.severity])
+
+
+def plan_hosts(hosts: list[HostLike], ctx: PlanContext) -> list[HostPlan]:
+    return [plan_host(h, ctx) for h in hosts]

@@ -1,0 +1,177 @@
+"""Rendering: a HostPlan → systemd unit and 0600 environment file per instance (Jinja2, StrictUndefined).
+
+Every value that reaches a unit file is validated or escaped here, in one place: systemd expands `%`
+specifiers and `$VAR` references in ExecStart=, splits words on whitespace and honours C-style escapes
+inside double quotes (systemd.service(5), "Command lines"; systemd.unit(5), "Specifiers").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import jinja2
+
+from ernie_deploy.errors import RenderError
+from ernie_deploy.plantypes import HostPlan, InstancePlan
+from ernie_deploy.versions import parse_version, version_facts
+
+UNIT_DIR = "/etc/systemd/system"
+ENV_DIR = "/etc/ernie-deploy"
+TEMPLATE_NAMES = ("vllm.service.j2", "vllm.env.j2")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_PLAIN_WORD = re.compile(r"[A-Za-z0-9_@+=:,./%$-]+")
+_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+_EXECUTABLE = re.compile(r"/[A-Za-z0-9._/+-]+")
+_BIND_HOST = re.compile(r"[A-Za-z0-9.:-]+")
+# Environment variables ernie-deploy sets itself or keeps out of world-readable unit files.
+_RESERVED_ENV = {"CUDA_VISIBLE_DEVICES", "VLLM_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"}
+
+
+@dataclass(frozen=True)
+class RenderedFile:
+    path: str  # absolute path on the host
+    content: str
+    mode: int
+    secret: bool = False
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.content.encode()).hexdigest()
+
+
+def _reject_control(value: str, what: str, host: str) -> None:
+    if _CONTROL.search(value):
+        raise RenderError(f"{what} contains a control character (newline, tab, …): {value!r}", where=host,
+                          hint="remove it; a newline would start a new line in the unit file")
+
+
+def systemd_word(value: str, what: str, host: str) -> str:
+    """One ExecStart=/Environment= word, escaped so systemd passes it through byte for byte."""
+    _reject_control(value, what, host)
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$")
+    return escaped if _PLAIN_WORD.fullmatch(escaped) else f'"{escaped}"'
+
+
+def _value_word(value: str, what: str, host: str) -> str:
+    """A flag's value or a positional: must not look like a flag to vLLM's argument parser."""
+    if value.startswith("-") or not value:
+        raise RenderError(f"{what} must not be empty or start with '-': {value!r}", where=host)
+    return systemd_word(value, what, host)
+
+
+def _env_assignment(key: str, value: str, host: str) -> str:
+    if not _ENV_KEY.fullmatch(key):
+        raise RenderError(f"environment variable name {key!r} is not valid", where=host,
+                          hint="use letters, digits and underscores, not starting with a digit")
+    return systemd_word(f"{key}={value}", f"environment variable {key}", host)
+
+
+def _env_file_line(key: str, value: str, host: str) -> str:
+    """KEY='value': systemd reads single-quoted env-file values literally, with no escapes or expansion."""
+    _reject_control(value, f"secret {key}", host)
+    if "'" in value or "\\" in value:
+        raise RenderError(f"secret {key} contains a quote or backslash, which the env file cannot hold safely",
+                          where=host, hint="use a token without ' or \\")
+    return f"{key}='{value}'"
+
+
+def exec_start(plan: HostPlan, inst: InstancePlan) -> str:
+    host = plan.name
+    if not _EXECUTABLE.fullmatch(plan.bin):
+        raise RenderError(f"vllm_bin must be an absolute path of plain characters, got {plan.bin!r}", where=host)
+    if not _BIND_HOST.fullmatch(inst.host):
+        raise RenderError(f"vllm_host must be an address or host name, got {inst.host!r}", where=host)
+    words = [plan.bin, "serve", _value_word(plan.model_path, "vllm_model", host),
+             "--served-model-name", _value_word(inst.served_model_name, "vllm_served_model_name", host),
+             "--host", inst.host, "--port", str(inst.port),
+             "--tensor-parallel-size", str(inst.tensor_parallel_size)]
+    if inst.pipeline_parallel_size != 1:
+        words += ["--pipeline-parallel-size", str(inst.pipeline_parallel_size)]
+    if inst.max_model_len is not None:
+        words += ["--max-model-len", str(inst.max_model_len)]
+    words += ["--gpu-memory-utilization", repr(float(inst.gpu_memory_utilization))]
+    if _has_shutdown_timeout(plan.version):
+        words += ["--shutdown-timeout", str(plan.drain_timeout)]
+    words += [systemd_word(arg, "vllm_extra_args item", host) for arg in inst.args]
+    return " ".join(words)
+
+
+def _has_shutdown_timeout(version: str) -> bool:
+    return parse_version(version) >= version_facts().flags["--shutdown-timeout"].since
+
+
+def environment(plan: HostPlan, inst: InstancePlan) -> list[str]:
+    host = plan.name
+    for key in plan.env:
+        if key in _RESERVED_ENV:
+            raise RenderError(f"vllm_env must not set {key}", where=host,
+                              hint="GPUs come from the plan; secrets go in vllm_api_key / hf_token")
+    pairs = {
+        "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in inst.gpus),
+        # Usage stats would otherwise be sent to stats.vllm.ai from every host.
+        "VLLM_NO_USAGE_STATS": "1",
+        # Unbuffered output so start-up lines reach the journal as they happen.
+        "PYTHONUNBUFFERED": "1",
+        **plan.env,
+    }
+    return [_env_assignment(k, str(v), host) for k, v in pairs.items()]
+
+
+def templates_dir(user_dir: Path | None = None) -> Path:
+    """The user's template directory, else the packaged copy (wheel), else the source tree's templates/."""
+    if user_dir is not None:
+        missing = [n for n in TEMPLATE_NAMES if not (user_dir / n).is_file()]
+        if missing:
+            raise RenderError(f"template directory lacks {', '.join(missing)}", where=str(user_dir),
+                              hint="copy the defaults from ernie-deploy's templates/ and edit them")
+        return user_dir
+    packaged = Path(str(resources.files("ernie_deploy") / "templates"))
+    if packaged.is_dir():
+        return packaged
+    return Path(__file__).resolve().parent.parent / "templates"
+
+
+def environment_for_templates(directory: Path) -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(directory)),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,  # systemd units, not HTML; escaping is done per value above
+    )
+
+
+def render_host(plan: HostPlan, env: jinja2.Environment) -> list[RenderedFile]:
+    """Unit and env file of every instance. Raises RenderError naming the host for unsafe values."""
+    if not plan.ok:
+        raise RenderError("the plan has errors; nothing is rendered for this host", where=plan.name,
+                          hint="run `ernie-deploy plan` and apply the fixes it lists")
+    if not _USER.fullmatch(plan.user):
+        raise RenderError(f"vllm_user {plan.user!r} is not a valid user name", where=plan.name)
+    _reject_control(plan.name, "host name", plan.name)
+    unit_t, env_t = env.get_template(TEMPLATE_NAMES[0]), env.get_template(TEMPLATE_NAMES[1])
+    files = []
+    for inst in plan.instances:
+        env_file = f"{ENV_DIR}/{inst.unit}.env"
+        context = {
+            "host": plan.name, "row": plan.row or "computed fallback", "profile": plan.profile,
+            "version": plan.version, "unit": inst.unit, "served_model_name": inst.served_model_name,
+            "port": inst.port, "user": plan.user, "environment": environment(plan, inst), "env_file": env_file,
+            "exec_start": exec_start(plan, inst), "stop_timeout": plan.drain_timeout + 15,
+        }
+        secrets = [_env_file_line(k, s.reveal(), plan.name) for k, s in sorted(plan.secrets.items())]
+        try:
+            unit = unit_t.render(context)
+            env_text = env_t.render(unit=inst.unit, secrets=secrets)
+        except jinja2.TemplateError as exc:
+            raise RenderError(f"template error: {exc}", where=plan.name,
+                              hint="check the template directory given with --templates") from exc
+        files.append(RenderedFile(f"{UNIT_DIR}/{inst.unit}.service", unit, 0o644))
+        files.append(RenderedFile(env_file, env_text, 0o600, secret=True))
+    return files

@@ -1,0 +1,67 @@
+"""Human-readable reports of plans and explanations (rich, through console.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ernie_deploy import console
+from ernie_deploy.findings import Severity
+from ernie_deploy.memory import GIB
+from ernie_deploy.plantypes import HostPlan
+from ernie_deploy.settings import Secret
+
+STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.ADVICE: "cyan", Severity.INFO: "dim"}
+
+
+def show_plans(plans: Sequence[HostPlan], verbose: bool = False) -> None:
+    for plan in plans:
+        gpu = f"{plan.gpu_count} × {plan.gpu.name}" if plan.gpu else "GPU unknown"
+        status = "[green]ok[/]" if plan.ok else f"[bold red]{len(plan.errors)} error(s)[/]"
+        console.out.print(f"[bold]{plan.name}[/] ({plan.address})  {gpu}  row {plan.row or '—'}  "
+                          f"profile {plan.profile or '—'}  vLLM {plan.version or '—'}  {status}")
+        if plan.instances:
+            rows = []
+            for i in plan.instances:
+                m = i.memory
+                rows.append([
+                    i.unit, i.port, ",".join(map(str, i.gpus)), i.tensor_parallel_size,
+                    i.max_model_len if i.max_model_len is not None else f"{plan.model.derived_max_len} (derived)"
+                    if plan.model else "?",
+                    i.gpu_memory_utilization,
+                    f"{m.weights_per_gpu / GIB:.2f}" if m else "—",
+                    f"{m.kv_pool_bytes / GIB:.2f}" if m else "—",
+                    f"{m.kv_tokens:,}" if m else "—",
+                    f"{m.max_concurrency:.2f}x" if m else "—",
+                ])
+            console.table(None, ["unit", "port", "GPUs", "TP", "max_model_len", "mem util", "weights GiB/GPU",
+                                 "KV GiB/GPU", "KV tokens", "max concurrency"], rows)
+        for f in plan.findings:
+            if f.severity is Severity.INFO and not verbose:
+                continue
+            scope = f" {f.instance}" if f.instance else ""
+            console.out.print(f"  [{STYLE[f.severity]}]{f.severity.value}[/] [{f.code}]{scope}: {f.message}",
+                              markup=True)
+            if f.vllm_message:
+                console.out.print(f"    vLLM says: {f.vllm_message}", markup=False)
+            if f.fix:
+                console.out.print(f"    fix: {f.fix}", markup=False)
+        console.out.print()
+
+
+def show_explain(plan: HostPlan) -> None:
+    console.out.print(f"[bold]{plan.name}[/]: why each setting has its value")
+    rows = []
+    for name, s in plan.settings.items():
+        value = "[REDACTED]" if isinstance(s.value, Secret) else s.value
+        rows.append([name, value, s.source])
+    console.table(None, ["setting", "value", "source"], rows)
+    if plan.gpu:
+        console.out.print(f"GPUs: {plan.gpu_count} × {plan.gpu.name} ({plan.gpu.memory_mib} MiB, "
+                          f"{'NVLink' if plan.gpu.nvlink else 'PCIe only'}); row: {plan.row or 'none'}")
+    if plan.model:
+        m = plan.model
+        console.out.print(f"model: {m.name} ({m.architecture}, {'MoE ' + str(m.num_experts) + ' experts' if m.is_moe else 'dense'}, "
+                          f"{m.param_count / 1e9:.2f} B params, {m.weight_bytes / GIB:.2f} GiB {m.dtype}); "
+                          f"{m.num_attention_heads} heads / {m.num_kv_heads} KV heads; derived max length "
+                          f"{m.derived_max_len} from {m.max_len_key}; valid TP: {', '.join(map(str, m.valid_tp_sizes()))}",
+                          markup=False)

@@ -1,0 +1,133 @@
+"""The settings a plan is made of, where each value came from, and the secret type.
+
+Every setting can come from the table's defaults, a workload profile, a hardware row, or an inventory
+variable named `vllm_<setting>`; `explain` shows which.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ernie_deploy.errors import InventoryError
+
+
+class Secret:
+    """A value that must never be printed: shows as [REDACTED] in repr, str, JSON and diffs."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "[REDACTED]"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+
+@dataclass(frozen=True)
+class SettingType:
+    kind: type | tuple[type, ...]
+    secret: bool = False
+    item: type | None = None  # element type of lists, value type of dicts
+
+
+# The type of each setting; inventory variables are `vllm_` + name (secrets: see SECRET_VARS).
+SETTING_TYPES: dict[str, SettingType] = {
+    "profile": SettingType(str),
+    "max_model_len": SettingType(int),
+    "tensor_parallel_size": SettingType(int),
+    "pipeline_parallel_size": SettingType(int),
+    "gpu_memory_utilization": SettingType((int, float)),
+    "instances": SettingType(int),
+    "share_gpus": SettingType(bool),
+    "port": SettingType(int),
+    "host": SettingType(str),
+    "model": SettingType(str),
+    "model_config": SettingType(str),
+    "served_model_name": SettingType(str),
+    "bin": SettingType(str),
+    "version": SettingType(str),
+    "extra_args": SettingType(list, item=str),
+    "user": SettingType(str),
+    "env": SettingType(dict, item=str),
+    "drain_timeout": SettingType(int),
+    "allow_fallback": SettingType(bool),
+    "api_key": SettingType(str, secret=True),
+}
+# Secrets whose inventory name does not follow the vllm_ prefix.
+SECRET_VARS = {"hf_token": "hf_token"}
+DEFAULTS: dict[str, Any] = {
+    "pipeline_parallel_size": 1,
+    "instances": 1,
+    "share_gpus": False,
+    "model": "/models/ERNIE-4.5-0.3B-PT",
+    "bin": "/opt/vllm/bin/vllm",
+    "extra_args": [],
+    "user": "vllm",
+    "env": {},
+    "drain_timeout": 30,
+    "allow_fallback": False,
+}
+
+
+@dataclass(frozen=True)
+class Setting:
+    value: Any
+    source: str
+
+
+def check_type(name: str, value: Any, where: str) -> Any:
+    """Validate one setting value; returns it (secrets wrapped) or raises naming the variable."""
+    spec = SETTING_TYPES[name]
+    kinds = spec.kind if isinstance(spec.kind, tuple) else (spec.kind,)
+    bad = (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds)
+    if not bad and spec.item is not None:
+        items = value.values() if isinstance(value, dict) else value
+        bad = any(isinstance(v, bool) or not isinstance(v, spec.item) for v in items)
+        bad = bad or (isinstance(value, dict) and any(not isinstance(k, str) for k in value))
+    if bad:
+        wanted = " or ".join(k.__name__ for k in kinds)
+        if spec.item is not None:
+            wanted += f" of {spec.item.__name__}"
+        shown = "[REDACTED]" if spec.secret else repr(value)
+        raise InventoryError(f"vllm_{name} must be {wanted}, got {type(value).__name__} {shown}", where=where)
+    return Secret(value) if spec.secret else value
+
+
+def inventory_settings(host_vars: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """The vllm_* settings a host's variables set, validated; unknown vllm_* names are errors."""
+    found: dict[str, Any] = {}
+    for var, value in host_vars.items():
+        if not var.startswith("vllm_"):
+            continue
+        name = var.removeprefix("vllm_")
+        if name not in SETTING_TYPES:
+            close = difflib.get_close_matches(var, [f"vllm_{n}" for n in SETTING_TYPES], n=1)
+            raise InventoryError(f"unknown variable {var}", where=where,
+                                 hint=f"did you mean {close[0]}?" if close else "see docs/variables.md")
+        found[name] = check_type(name, value, where)
+    return found
+
+
+def host_secrets(host_vars: Mapping[str, Any], where: str) -> dict[str, Secret]:
+    """Secrets for the env file, keyed by the environment variable vLLM reads."""
+    secrets: dict[str, Secret] = {}
+    token = host_vars.get("hf_token")
+    if token is not None:
+        if not isinstance(token, str):
+            raise InventoryError("hf_token must be a string", where=where)
+        secrets["HF_TOKEN"] = Secret(token)
+    return secrets

@@ -1,0 +1,49 @@
+import pytest
+
+from ernie_deploy.memory import GIB, estimate, kv_layout
+from ernie_deploy.models import bundled_model
+
+A10 = 23028 * 2**20
+ERNIE = bundled_model("ERNIE-4.5-0.3B-PT")
+
+
+def est(tp: int, mml: int, total: int = A10, util: float = 0.9):  # type: ignore[no-untyped-def]
+    assert ERNIE is not None
+    return estimate(ERNIE, gpu_name="NVIDIA A10", gpu_total_bytes=total, utilization=util, tp=tp, pp=1,
+                    max_model_len=mml)
+
+
+@pytest.mark.parametrize(("tp", "per_token", "heads", "replicas"),
+                         [(1, 18432, 2, 1), (2, 9216, 1, 1), (4, 9216, 1, 2), (8, 9216, 1, 4)])
+def test_kv_bytes_per_token_and_head_replication(tp: int, per_token: int, heads: int, replicas: int) -> None:
+    # reference §3: 2·18·2·128·2 = 18,432 B at TP 1; KV heads replicate beyond TP 2, so no further savings
+    e = est(tp, 4096)
+    assert e.kv_bytes_per_token == per_token
+    assert ERNIE is not None and kv_layout(ERNIE, tp) == (heads, replicas)
+
+
+def test_full_context_needs_2_25_gib_and_about_8x_on_one_a10() -> None:
+    e = est(1, 131072)
+    assert e.one_sequence_bytes == int(2.25 * GIB)
+    assert 7.5 < e.max_concurrency < 9  # reference §3 expects ≈ 8x
+    assert e.fits
+
+
+def test_concurrency_is_blocks_over_blocks_per_sequence() -> None:
+    e = est(1, 4096)
+    assert e.max_concurrency == pytest.approx(e.kv_tokens / 4096)
+    assert e.kv_tokens % 16 == 0
+
+
+def test_tiny_budget_does_not_fit_and_reports_largest_length() -> None:
+    e = est(1, 131072, util=0.1)
+    assert not e.fits
+    assert 0 < e.largest_fitting_len < 131072
+    assert est(1, e.largest_fitting_len, util=0.1).fits
+    assert not est(1, e.largest_fitting_len + 16, util=0.1).fits
+
+
+def test_reserve_is_within_the_references_1_to_2_gib() -> None:
+    e = est(1, 4096)
+    reserve = e.budget_bytes - e.weights_per_gpu - e.kv_pool_bytes
+    assert 0.5 * GIB < reserve < 2 * GIB
