@@ -1,0 +1,238 @@
+"""Rendering: golden units, systemd's own verifier, and hostile values that must not break a unit."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import ROOT
+from ernie_deploy.errors import RenderError
+from ernie_deploy.inventory import load_inventory
+from ernie_deploy.plan import PlanContext, plan_hosts
+from ernie_deploy.plantypes import HostPlan
+from ernie_deploy.render import environment_for_templates, render_host, systemd_word, templates_dir
+
+GOLDEN = Path(__file__).parent / "golden"
+ENV = environment_for_templates(templates_dir())
+Plan = Callable[..., HostPlan]
+A10 = {"gpu_model": "NVIDIA A10", "gpu_count": 2}
+
+
+def example_plans() -> list[HostPlan]:
+    inventory = load_inventory(ROOT / "inventory/example.yml")
+    return [p for p in plan_hosts(list(inventory.select(None)), PlanContext.load()) if p.ok]
+
+
+@pytest.mark.parametrize("plan", example_plans(), ids=lambda p: p.name)
+def test_golden_units(plan: HostPlan) -> None:
+    for f in render_host(plan, ENV):
+        golden = GOLDEN / plan.name / Path(f.path).name
+        if os.environ.get("UPDATE_GOLDEN"):
+            golden.parent.mkdir(parents=True, exist_ok=True)
+            golden.write_text(f.content)
+        assert f.content == golden.read_text(), f"{golden} differs; UPDATE_GOLDEN=1 regenerates it"
+
+
+def test_unit_shape(plan_one: Plan) -> None:
+    p = plan_one(**A10, vllm_api_key="sk-secret-1", hf_token="hf_abc", vllm_env={"HF_HUB_OFFLINE": "1"})
+    unit, env = render_host(p, ENV)
+    assert unit.path == "/etc/systemd/system/ernie-vllm-0.service" and unit.mode == 0o644
+    assert env.path == "/etc/ernie-deploy/ernie-vllm-0.env" and env.mode == 0o600 and env.secret
+    text = unit.content
+    for line in ("Type=simple", "User=vllm", "Restart=on-failure", "LimitNOFILE=65535", "TimeoutStopSec=45",
+                 "Environment=CUDA_VISIBLE_DEVICES=0,1", "Environment=HF_HUB_OFFLINE=1",
+                 "EnvironmentFile=/etc/ernie-deploy/ernie-vllm-0.env"):
+        assert line in text.splitlines(), line
+    exec_line = next(line for line in text.splitlines() if line.startswith("ExecStart="))
+    assert exec_line.startswith("ExecStart=/opt/vllm/bin/vllm serve /models/ERNIE-4.5-0.3B-PT ")
+    assert "--tensor-parallel-size 2 --max-model-len 4096" in exec_line
+    assert "--shutdown-timeout 30" in exec_line
+    # Secrets only in the 0600 env file.
+    assert "sk-secret-1" not in text and "hf_abc" not in text
+    assert "VLLM_API_KEY='sk-secret-1'" in env.content and "HF_TOKEN='hf_abc'" in env.content
+
+
+def test_stop_timeout_follows_drain_and_old_vllm_gets_no_shutdown_flag(plan_one: Plan) -> None:
+    (unit, _) = render_host(plan_one(**A10, vllm_drain_timeout=120, vllm_version="0.11.0"), ENV)
+    assert "TimeoutStopSec=135" in unit.content
+    assert "--shutdown-timeout" not in unit.content
+
+
+def test_templates_from_user_directory(tmp_path: Path, plan_one: Plan) -> None:
+    for name in ("vllm.service.j2", "vllm.env.j2"):
+        shutil.copy(templates_dir() / name, tmp_path / name)
+    (tmp_path / "vllm.service.j2").write_text("# custom {{ unit }}\n" + (tmp_path / "vllm.service.j2").read_text())
+    (unit, _) = render_host(plan_one(**A10), environment_for_templates(templates_dir(tmp_path)))
+    assert unit.content.startswith("# custom ernie-vllm-0\n")
+    (tmp_path / "vllm.service.j2").write_text("{{ no_such_value }}")
+    with pytest.raises(RenderError, match="no_such_value"):
+        render_host(plan_one(**A10), environment_for_templates(tmp_path))
+    (tmp_path / "vllm.env.j2").unlink()
+    with pytest.raises(RenderError, match="lacks vllm.env.j2"):
+        templates_dir(tmp_path)
+
+
+def test_packaged_templates_are_the_source_templates() -> None:
+    for name in ("vllm.service.j2", "vllm.env.j2"):
+        assert (templates_dir() / name).read_text() == (ROOT / "templates" / name).read_text()
+
+
+def test_plan_with_errors_renders_nothing(plan_one: Plan) -> None:
+    with pytest.raises(RenderError, match="the plan has errors"):
+        render_host(plan_one(**A10, vllm_tensor_parallel_size=3), ENV)
+
+
+needs_systemd_analyze = pytest.mark.skipif(
+    shutil.which("systemd-analyze") is None and not os.environ.get("CI"),
+    reason="systemd-analyze is not installed (apt-get install systemd); .ci/run installs it",
+)
+
+
+@needs_systemd_analyze
+def test_every_rendered_unit_passes_systemd_analyze_verify(tmp_path: Path, plan_one: Plan) -> None:
+    # verify checks that ExecStart's binary exists and is executable, so point the plan at a real file.
+    vllm = tmp_path / "bin" / "vllm"
+    vllm.parent.mkdir()
+    vllm.write_text("#!/bin/sh\n")
+    vllm.chmod(0o755)
+    plans = [*example_plans(),
+             plan_one(**A10, vllm_extra_args=["--enforce-eager", "--generation-config", "a b%c$d\"e'f\\g"]),
+             plan_one(gpu_model="A10", gpu_count=4, vllm_instances=2, vllm_tensor_parallel_size=2)]
+    units = []
+    for plan in plans:
+        for f in render_host(plan, ENV):
+            if f.path.endswith(".service"):
+                path = tmp_path / plan.name / Path(f.path).name
+                path.parent.mkdir(exist_ok=True)
+                path.write_text(f.content.replace("/opt/vllm/bin/vllm", str(vllm)))
+                units.append(path)
+    for unit in units:
+        result = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)], capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode == 0 and result.stderr == "", f"{unit}: {result.stderr}"
+
+
+def unsystemd(line: str) -> list[str]:
+    """Split an ExecStart= value the way systemd documents it (systemd.service(5), systemd.syntax(7)):
+    `%%` is a literal %, any other specifier is an error here; words split on whitespace with double/single
+    quotes and C escapes; `$$` is a literal $, `$NAME` would be expanded (an error here)."""
+    if re.search(r"%[^%]", line.replace("%%", "")):
+        raise AssertionError(f"unescaped specifier in {line!r}")
+    line = line.replace("%%", "%")
+    words, i, n = [], 0, len(line)
+    escapes = {"\\": "\\", '"': '"', "'": "'", "n": "\n", "t": "\t", "s": " "}
+    while i < n:
+        while i < n and line[i] in " \t":
+            i += 1
+        if i >= n:
+            break
+        word, quote = "", None
+        while i < n and (quote or line[i] not in " \t"):
+            c = line[i]
+            if c == "\\" and i + 1 < n:
+                word += escapes[line[i + 1]]
+                i += 2
+                continue
+            if quote is None and c in "\"'":
+                quote = c
+            elif c == quote:
+                quote = None
+            else:
+                word += c
+            i += 1
+        assert quote is None, f"unterminated quote in {line!r}"
+        words.append(word)
+    out = []
+    for w in words:
+        if re.search(r"\$[^$]", w.replace("$$", "")):
+            raise AssertionError(f"variable expansion in {w!r}")
+        out.append(w.replace("$$", "$"))
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(min_size=1, max_size=40))
+def test_any_word_survives_systemd_parsing_or_is_rejected(value: str) -> None:
+    try:
+        word = systemd_word(value, "x", "h")
+    except RenderError as exc:
+        assert re.search(r"[\x00-\x1f\x7f]", value), f"rejected harmless {value!r}: {exc}"
+        return
+    assert "\n" not in word
+    assert unsystemd(word) == [value]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.text(min_size=1, max_size=20), min_size=1, max_size=4), st.text(min_size=1, max_size=20))
+def test_hostile_args_and_names_render_safely_or_fail_clearly(args: list[str], name: str) -> None:
+    from ernie_deploy.plan import plan_host
+
+    class H:
+        address = "h"
+
+        def __init__(self, v: dict) -> None:
+            self.vars, self.name = v, "h"
+
+    plan = plan_host(H({**A10, "vllm_extra_args": [f"--x={a}" for a in args],
+                        "vllm_served_model_name": name}), PlanContext.load())
+    try:
+        unit, _ = render_host(plan, ENV)
+    except RenderError as exc:
+        assert exc.where == "h"
+        return
+    lines = unit.content.splitlines()
+    exec_line = next(line for line in lines if line.startswith("ExecStart="))
+    argv = unsystemd(exec_line.removeprefix("ExecStart="))
+    assert argv[argv.index("--served-model-name") + 1] == name
+    assert argv[-len(args):] == [f"--x={a}" for a in args]
+    assert sum(1 for line in lines if line.startswith("ExecStart=")) == 1
+
+
+@pytest.mark.parametrize(("var", "value", "message"), [
+    ("vllm_served_model_name", "evil\nExecStartPre=/bin/rm -rf /", "control character"),
+    ("vllm_extra_args", ["--x", "a\rb"], "control character"),
+    ("vllm_bin", "/opt/vllm/bin/vllm; rm -rf /", "vllm_bin must be an absolute path"),
+    ("vllm_bin", "vllm", "vllm_bin must be an absolute path"),
+    ("vllm_user", "root\nUser=x", "not a valid user name"),
+    ("vllm_model", "--trust-remote-code/ERNIE-4.5-0.3B-PT", "must not be empty or start with '-'"),
+    ("vllm_host", "0.0.0.0 --api-key x", "vllm_host must be an address"),
+    ("vllm_env", {"BAD KEY": "x"}, "environment variable name"),
+    ("vllm_env", {"CUDA_VISIBLE_DEVICES": "7"}, "must not set CUDA_VISIBLE_DEVICES"),
+    ("vllm_env", {"VLLM_API_KEY": "x"}, "must not set VLLM_API_KEY"),
+    ("vllm_api_key", "ab'c", "quote or backslash"),
+    ("hf_token", "a\nb", "control character"),
+])
+def test_hostile_values_are_rejected_clearly(plan_one: Plan, var: str, value: object, message: str) -> None:
+    p = plan_one(**A10, **{var: value})
+    with pytest.raises(RenderError, match=message) as err:
+        render_host(p, ENV)
+    assert err.value.where == "h"
+    assert "ab'c" not in str(err.value) and "a\nb" not in str(err.value)  # secrets never echoed
+
+
+def test_specifiers_and_dollars_are_escaped(plan_one: Plan) -> None:
+    (unit, _) = render_host(plan_one(**A10, vllm_served_model_name="m%h$HOME", vllm_env={"A": "x y"}), ENV)
+    assert "--served-model-name m%%h$$HOME" in unit.content
+    assert 'Environment="A=x y"' in unit.content
+
+
+def test_render_files_have_modes_on_disk(tmp_path: Path) -> None:
+    from ernie_deploy.cli import main
+
+    out = tmp_path / "out"
+    rc = main(["render", "-i", str(ROOT / "inventory/example.yml"), "-o", str(out)])
+    assert rc == 1  # gpu-a10-05.dc1 has TP 3
+    assert not (out / "gpu-a10-05.dc1").exists()
+    env = out / "gpu-a10-01.dc1/etc/ernie-deploy/ernie-vllm-0.env"
+    assert stat.S_IMODE(env.stat().st_mode) == 0o600
+    assert (out / "gpu-a10-01.dc1/etc/systemd/system/ernie-vllm-0.service").is_file()
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no staging leftovers
