@@ -1,0 +1,224 @@
+"""Host state shared by the simulated `nvidia-smi` and `vllm`: GPUs, fault knobs, live GPU usage.
+
+Every path hangs off ``$ERNIE_LAB_ROOT`` (default ``/``) so tests can run both simulators against a
+temporary directory. Standard library only: this file is copied into lab containers verbatim.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MIB = 1024 * 1024
+
+
+def lab_root() -> Path:
+    return Path(os.environ.get("ERNIE_LAB_ROOT", "/"))
+
+
+def gpus_path() -> Path:
+    return lab_root() / "etc/ernie-lab/gpus.json"
+
+
+def faults_path() -> Path:
+    return lab_root() / "etc/ernie-lab/faults.json"
+
+
+def version_path() -> Path:
+    return lab_root() / "etc/ernie-lab/vllm_version"
+
+
+def usage_dir() -> Path:
+    return lab_root() / "run/ernie-lab/gpu"
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    uuid: str
+    memory_total_mib: int
+    pci_bus_id: str
+    numa_node: int | None = None
+
+
+@dataclass(frozen=True)
+class HostGpus:
+    driver_version: str
+    cuda_version: str
+    nvlink: bool
+    gpus: tuple[Gpu, ...]
+
+
+def load_host_gpus() -> HostGpus | None:
+    """The host's simulated GPUs, or None when gpus.json is absent (a host without a driver)."""
+    try:
+        raw = json.loads(gpus_path().read_text())
+    except FileNotFoundError:
+        return None
+    gpus = tuple(
+        Gpu(
+            index=int(g.get("index", i)),
+            name=str(g["name"]),
+            uuid=str(g["uuid"]),
+            memory_total_mib=int(g["memory_total_mib"]),
+            pci_bus_id=str(g.get("pci_bus_id", f"00000000:{i + 0x17:02X}:00.0")),
+            numa_node=g.get("numa_node"),
+        )
+        for i, g in enumerate(raw.get("gpus", []))
+    )
+    return HostGpus(
+        driver_version=str(raw.get("driver_version", "550.127.05")),
+        cuda_version=str(raw.get("cuda_version", "12.4")),
+        nvlink=bool(raw.get("nvlink", False)),
+        gpus=gpus,
+    )
+
+
+def load_faults(port: int | None) -> dict[str, Any]:
+    """Fault knobs for the instance on `port`: top-level keys, overridden by ``ports["<port>"]``.
+
+    Read fresh on every call so a test (or the lab) can flip a knob while the simulator runs.
+    A missing or unreadable file means "no faults": a half-written file must not crash a server.
+    """
+    try:
+        raw = json.loads(faults_path().read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+    if not isinstance(raw, dict):
+        return {}
+    merged = {k: v for k, v in raw.items() if k != "ports"}
+    per_port = raw.get("ports", {})
+    if port is not None and isinstance(per_port, dict):
+        merged.update(per_port.get(str(port), {}) or {})
+    return merged
+
+
+def pid_alive(pid: int) -> bool:
+    """True when /proc/PID exists and is not a zombie (a killed child not yet reaped is dead)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return False
+    # The state letter follows the parenthesised command name, which may itself contain spaces.
+    state = stat.rsplit(")", 1)[-1].split()[0]
+    return state not in ("Z", "X")
+
+
+@dataclass
+class GpuProc:
+    """One process holding memory on one GPU, as nvidia-smi --query-compute-apps lists it."""
+
+    pid: int
+    gpu_uuid: str
+    used_mib: int
+    reserved_mib: int
+    process_name: str
+
+
+@dataclass
+class UsageEntry:
+    """One registry file: a vLLM process group (or an orphan) and what it holds per GPU."""
+
+    key: str
+    utilization_gpu: int
+    procs: list[GpuProc] = field(default_factory=list)
+
+
+def read_entries() -> list[UsageEntry]:
+    """All registry entries, with the processes that are no longer alive dropped."""
+    entries: list[UsageEntry] = []
+    directory = usage_dir()
+    if not directory.is_dir():
+        return entries
+    for path in sorted(directory.glob("*.json")):
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        procs = [GpuProc(**p) for p in raw.get("procs", []) if pid_alive(int(p["pid"]))]
+        if procs:
+            entries.append(UsageEntry(path.stem, int(raw.get("utilization_gpu", 0)), procs))
+    return entries
+
+
+def write_entry(entry: UsageEntry) -> None:
+    """Atomically (tmp + rename) publish an entry so nvidia-smi never reads half a file."""
+    directory = usage_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    data = {
+        "utilization_gpu": entry.utilization_gpu,
+        "procs": [p.__dict__ for p in entry.procs],
+    }
+    tmp = directory / f".{entry.key}.tmp"
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(directory / f"{entry.key}.json")
+
+
+def remove_entry(key: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        (usage_dir() / f"{key}.json").unlink()
+
+
+def entry_exists(key: str) -> bool:
+    return (usage_dir() / f"{key}.json").exists()
+
+
+@contextlib.contextmanager
+def usage_lock() -> Iterator[None]:
+    """Exclusive host-wide lock, so two instances starting at once cannot both pass the free check."""
+    directory = usage_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".lock", "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def held_mib_by_gpu(exclude_key: str | None = None) -> dict[str, int]:
+    """MiB held per GPU uuid by live processes, counting a reservation made before allocation."""
+    held: dict[str, int] = {}
+    for entry in read_entries():
+        if entry.key == exclude_key:
+            continue
+        for proc in entry.procs:
+            held[proc.gpu_uuid] = held.get(proc.gpu_uuid, 0) + max(proc.used_mib, proc.reserved_mib)
+    return held
+
+
+def used_mib_by_gpu() -> dict[str, int]:
+    """MiB actually allocated per GPU uuid (what nvidia-smi's memory.used shows)."""
+    used: dict[str, int] = {}
+    for entry in read_entries():
+        for proc in entry.procs:
+            used[proc.gpu_uuid] = used.get(proc.gpu_uuid, 0) + proc.used_mib
+    return used
+
+
+def utilization_by_gpu() -> dict[str, int]:
+    """GPU utilization per uuid: the busiest process group on that GPU wins, capped at 100."""
+    util: dict[str, int] = {}
+    for entry in read_entries():
+        for proc in entry.procs:
+            util[proc.gpu_uuid] = min(100, max(util.get(proc.gpu_uuid, 0), entry.utilization_gpu))
+    return util
+
+
+def cleanup_stale_entries() -> None:
+    """Delete registry files whose processes are all dead (a SIGKILLed group leaves its file behind)."""
+    live = {e.key for e in read_entries()}
+    directory = usage_dir()
+    if not directory.is_dir():
+        return
+    for path in directory.glob("*.json"):
+        if path.stem not in live:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()

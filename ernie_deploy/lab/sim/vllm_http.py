@@ -1,0 +1,515 @@
+"""HTTP side of the simulated vLLM: the OpenAI-compatible routes, /health, /metrics and friends.
+
+A deterministic toy generator stands in for the model: the same prompt always yields the same text,
+with a realistic time to first token (20–80 ms) and per-token delay (5–10 ms).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from vllm_versions import Profile
+
+# Routes as vLLM logs them at start-up ("Route: %s, Methods: %s"), in its order.
+ROUTES: tuple[tuple[str, str], ...] = (
+    ("/openapi.json", "HEAD, GET"),
+    ("/docs", "HEAD, GET"),
+    ("/docs/oauth2-redirect", "HEAD, GET"),
+    ("/redoc", "HEAD, GET"),
+    ("/health", "GET"),
+    ("/load", "GET"),
+    ("/ping", "POST"),
+    ("/ping", "GET"),
+    ("/tokenize", "POST"),
+    ("/detokenize", "POST"),
+    ("/v1/models", "GET"),
+    ("/version", "GET"),
+    ("/v1/responses", "POST"),
+    ("/v1/chat/completions", "POST"),
+    ("/v1/completions", "POST"),
+    ("/v1/embeddings", "POST"),
+    ("/metrics", "GET"),
+)
+
+# vLLM's TTFT histogram buckets (v1/metrics/loggers.py).
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0)
+
+_WORDS = (
+    "the", "model", "answers", "with", "care", "and", "a", "steady", "voice", "while", "tokens", "flow", "from",
+    "the", "engine", "through", "the", "scheduler", "into", "the", "stream", "so", "every", "client", "sees",
+    "text", "arrive", "quickly", "and", "in", "order", "ernie", "serves", "requests", "on", "simulated", "gpus",
+    "inside", "the", "rehearsal", "lab", "for", "deployment", "checks",
+)
+_TOKEN_RE = re.compile(r"\w+|[^\w\s]")
+
+
+def count_tokens(text: str) -> int:
+    """Toy tokenizer: words and punctuation marks, plus one BOS token."""
+    return len(_TOKEN_RE.findall(text)) + 1
+
+
+def _seed(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+
+
+@dataclass
+class Histogram:
+    buckets: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    n: int = 0
+
+    def observe(self, value: float) -> None:
+        if not self.counts:
+            self.counts = [0] * len(self.buckets)
+        for i, bound in enumerate(self.buckets):
+            if value <= bound:
+                self.counts[i] += 1
+        self.total += value
+        self.n += 1
+
+    def lines(self, name: str, labels: str) -> list[str]:
+        counts = self.counts or [0] * len(self.buckets)
+        pairs = zip(self.buckets, counts, strict=True)
+        out = [f'{name}_bucket{{{labels},le="{bound}"}} {float(c)}' for bound, c in pairs]
+        out.append(f'{name}_bucket{{{labels},le="+Inf"}} {float(self.n)}')
+        out.append(f"{name}_count{{{labels}}} {float(self.n)}")
+        out.append(f"{name}_sum{{{labels}}} {self.total}")
+        return out
+
+
+@dataclass
+class ServerState:
+    """Everything the request handlers share; all mutation happens under `lock`."""
+
+    profile: Profile
+    served_name: str
+    model_root: str
+    max_model_len: int
+    kv_tokens: int
+    max_num_seqs: int
+    api_keys: list[str] | None
+    health_503: Callable[[], bool]
+    on_load_change: Callable[[int], None]
+    access_log: Callable[[str], None] | None
+    created: int = field(default_factory=lambda: int(time.time()))
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    inflight: int = 0
+    running: int = 0
+    waiting: int = 0
+    running_tokens: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    success: dict[str, int] = field(default_factory=dict)
+    ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
+    e2e: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS))
+    engine_dead: bool = False
+    seq_slots: threading.Semaphore = field(init=False)
+    idle: threading.Condition = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.seq_slots = threading.Semaphore(self.max_num_seqs)
+        self.idle = threading.Condition(self.lock)
+
+
+@dataclass(frozen=True)
+class Generation:
+    prompt_tokens: int
+    tokens: list[str]
+    finish_reason: str
+    ttft: float
+    per_token: float
+
+
+def plan_generation(prompt_text: str, prompt_tokens: int, max_tokens: int | None, ignore_eos: bool) -> Generation:
+    """Deterministic output: the prompt's hash picks words, a natural length, and the timings."""
+    seed = _seed(prompt_text)
+    natural = 24 + seed % 40
+    limit = max_tokens if max_tokens is not None else natural
+    count = limit if ignore_eos else min(limit, natural)
+    words = [_WORDS[_seed(f"{seed}:{i}") % len(_WORDS)] for i in range(count)]
+    tokens = [(" " if i else "") + w for i, w in enumerate(words)]
+    finish = "length" if count == limit and (ignore_eos or limit <= natural) else "stop"
+    ttft = 0.02 + (seed >> 8) % 61 / 1000
+    per_token = 0.005 + (seed >> 16) % 6 / 1000
+    return Generation(prompt_tokens, tokens, finish, ttft, per_token)
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, err_type: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.err_type = err_type
+
+
+def error_body(profile: Profile, err: ApiError) -> dict[str, Any]:
+    """vLLM's ErrorResponse: nested {"error": {...}} in newer releases, flat in 0.9.2 [UNVERIFIED cut-over]."""
+    inner = {"message": err.message, "type": err.err_type, "param": None, "code": err.status}
+    return {"error": inner} if profile.nested_error_body else {"object": "error", **inner}
+
+
+def chat_prompt(messages: Any) -> tuple[str, int]:
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "messages must be a non-empty list", "BadRequestError")
+    text = "".join(f"<{m.get('role', 'user')}>{m.get('content', '')}\n" for m in messages if isinstance(m, dict))
+    tokens = sum(count_tokens(str(m.get("content", ""))) + 3 for m in messages if isinstance(m, dict)) + 2
+    return text, tokens
+
+
+def check_length(state: ServerState, prompt_tokens: int, max_tokens: int | None) -> None:
+    """400 when prompt + max_tokens exceeds max_model_len ([UNVERIFIED] exact wording per version)."""
+    limit = state.max_model_len
+    if max_tokens is None:
+        if prompt_tokens >= limit:
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, your request has "
+                f"{prompt_tokens} input tokens. Please reduce the length of the input messages.",
+                "BadRequestError",
+            )
+        return
+    if prompt_tokens + max_tokens > limit:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} in the "
+            "completion). Please reduce the length of the messages or completion.",
+            "BadRequestError",
+        )
+
+
+def metrics_text(state: ServerState) -> str:
+    labels = f'model_name="{state.served_name}",engine="0"'
+    with state.lock:
+        usage = min(1.0, state.running_tokens / state.kv_tokens) if state.kv_tokens else 0.0
+        lines: list[str] = []
+
+        def gauge(name: str, help_text: str, value: float) -> None:
+            lines.extend([f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name}{{{labels}}} {float(value)}"])
+
+        def counter(name: str, help_text: str, samples: list[tuple[str, float]]) -> None:
+            lines.extend([f"# HELP {name}_total {help_text}", f"# TYPE {name}_total counter"])
+            lines.extend(f"{name}_total{{{labels}{extra}}} {float(v)}" for extra, v in samples)
+
+        gauge("vllm:num_requests_running", "Number of requests in model execution batches.", state.running)
+        gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", state.waiting)
+        gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", usage)
+        if state.profile.gpu_cache_usage_metric:
+            gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.", usage)
+        counter("vllm:prompt_tokens", "Number of prefill tokens processed.", [("", state.prompt_tokens)])
+        counter("vllm:generation_tokens", "Number of generation tokens processed.", [("", state.generation_tokens)])
+        reasons = [(f',finished_reason="{r}"', state.success.get(r, 0)) for r in ("stop", "length", "abort")]
+        counter("vllm:request_success", "Count of successfully processed requests.", reasons)
+        for name, hist, help_text in (
+            ("vllm:time_to_first_token_seconds", state.ttft, "Histogram of time to first token in seconds."),
+            ("vllm:e2e_request_latency_seconds", state.e2e, "Histogram of e2e request latency in seconds."),
+        ):
+            lines.extend([f"# HELP {name} {help_text}", f"# TYPE {name} histogram"])
+            lines.extend(hist.lines(name, labels))
+    return "\n".join(lines) + "\n"
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "uvicorn"
+    sys_version = ""
+    state: ServerState  # set on the subclass made by make_handler
+
+    # -- plumbing --------------------------------------------------------------------------------
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        if self.state.access_log is None:
+            return
+        status = int(code) if str(code).isdigit() else 0
+        phrase = HTTPStatus(status).phrase if status else ""
+        host, port = self.client_address[:2]
+        self.state.access_log(f'{host}:{port} - "{self.requestline}" {status} {phrase}')
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+    def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("content-type", content_type)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _json(self, status: int, obj: Any) -> None:
+        self._send(status, json.dumps(obj).encode())
+
+    def _body(self) -> dict[str, Any]:
+        length = int(self.headers.get("content-length", 0) or 0)
+        raw = self.rfile.read(length) if length else b""
+        try:
+            data = json.loads(raw or b"{}")
+        except json.JSONDecodeError as err:
+            raise ApiError(400, f"Invalid JSON body: {err}", "BadRequestError") from err
+        if not isinstance(data, dict):
+            raise ApiError(400, "Request body must be a JSON object", "BadRequestError")
+        return data
+
+    def _authorized(self) -> bool:
+        keys = self.state.api_keys
+        path = self.path.split("?", 1)[0]
+        if not keys or not path.startswith(self.state.profile.auth_prefixes):
+            return True
+        return self.headers.get("authorization", "") in {f"Bearer {k}" for k in keys}
+
+    # -- dispatch --------------------------------------------------------------------------------
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_HEAD(self) -> None:
+        self._dispatch("HEAD")
+
+    def _dispatch(self, method: str) -> None:
+        state = self.state
+        with state.lock:
+            state.inflight += 1
+        try:
+            self._route(method)
+        except ApiError as err:
+            self._json(err.status, error_body(state.profile, err))
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        finally:
+            with state.lock:
+                state.inflight -= 1
+                state.idle.notify_all()
+
+    def _route(self, method: str) -> None:
+        path = self.path.split("?", 1)[0]
+        if not self._authorized():
+            self._json(401, {"error": "Unauthorized"})
+            return
+        get_routes: dict[str, Callable[[], None]] = {
+            "/health": self._health,
+            "/ping": self._health,
+            "/version": lambda: self._json(200, {"version": self.state.profile.version}),
+            "/load": lambda: self._json(200, {"server_load": self.state.running + self.state.waiting}),
+            "/v1/models": self._models,
+            "/metrics": lambda: self._send(200, metrics_text(self.state).encode(), "text/plain; version=0.0.4"),
+        }
+        post_routes: dict[str, Callable[[], None]] = {
+            "/ping": self._health,
+            "/v1/completions": lambda: self._generate(chat=False),
+            "/v1/chat/completions": lambda: self._generate(chat=True),
+        }
+        routes = post_routes if method == "POST" else get_routes
+        if path in routes:
+            routes[path]()
+        elif path in get_routes or path in post_routes:
+            self._json(405, {"detail": "Method Not Allowed"})
+        else:
+            self._json(404, {"detail": "Not Found"})
+
+    def _health(self) -> None:
+        self._send(503 if self.state.engine_dead or self.state.health_503() else 200, b"", "application/json")
+
+    def _models(self) -> None:
+        s = self.state
+        card = {
+            "id": s.served_name,
+            "object": "model",
+            "created": s.created,
+            "owned_by": "vllm",
+            "root": s.model_root,
+            "parent": None,
+            "max_model_len": s.max_model_len,
+            "permission": [
+                {
+                    "id": f"modelperm-{uuid.uuid4().hex}",
+                    "object": "model_permission",
+                    "created": s.created,
+                    "allow_create_engine": False,
+                    "allow_sampling": True,
+                    "allow_logprobs": True,
+                    "allow_search_indices": False,
+                    "allow_view": True,
+                    "allow_fine_tuning": False,
+                    "organization": "*",
+                    "group": None,
+                    "is_blocking": False,
+                }
+            ],
+        }
+        self._json(200, {"object": "list", "data": [card]})
+
+    # -- generation ------------------------------------------------------------------------------
+    def _generate(self, chat: bool) -> None:
+        state = self.state
+        if state.engine_dead:
+            raise ApiError(500, "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+                           "InternalServerError")
+        body = self._body()
+        model = body.get("model", state.served_name)
+        if model != state.served_name:
+            raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError")
+        if chat:
+            prompt_text, prompt_tokens = chat_prompt(body.get("messages"))
+            max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        else:
+            prompt = body.get("prompt", "")
+            prompt_text = prompt if isinstance(prompt, str) else json.dumps(prompt)
+            prompt_tokens = count_tokens(prompt_text)
+            max_tokens = body.get("max_tokens", 16)
+        check_length(state, prompt_tokens, max_tokens)
+        gen = plan_generation(prompt_text, prompt_tokens, max_tokens, bool(body.get("ignore_eos")))
+        request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        with _scheduled(state, gen) as started:
+            if body.get("stream"):
+                include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                self._stream(chat, request_id, model, gen, started, include_usage)
+            else:
+                self._complete(chat, request_id, model, gen, started)
+
+    def _complete(self, chat: bool, rid: str, model: str, gen: Generation, started: float) -> None:
+        time.sleep(gen.ttft)
+        _first_token(self.state, started)
+        time.sleep(gen.per_token * max(0, len(gen.tokens) - 1))
+        text = "".join(gen.tokens)
+        _count_output(self.state, gen)
+        usage = _usage(gen)
+        if chat:
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text, "refusal": None, "annotations": None,
+                            "audio": None, "function_call": None, "tool_calls": [], "reasoning_content": None},
+                "logprobs": None,
+                "finish_reason": gen.finish_reason,
+                "stop_reason": None,
+            }
+            obj = {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
+                   "choices": [choice], "service_tier": None, "system_fingerprint": None, "usage": usage,
+                   "prompt_logprobs": None, "kv_transfer_params": None}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": gen.finish_reason,
+                      "stop_reason": None, "prompt_logprobs": None}
+            obj = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
+                   "choices": [choice], "service_tier": None, "system_fingerprint": None, "usage": usage,
+                   "kv_transfer_params": None}
+        self._json(200, obj)
+
+    def _stream(self, chat: bool, rid: str, model: str, gen: Generation, started: float, usage: bool) -> None:
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream; charset=utf-8")
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+        created = int(time.time())
+        kind = "chat.completion.chunk" if chat else "text_completion"
+
+        def event(choice: dict[str, Any] | None, extra: dict[str, Any] | None = None) -> None:
+            obj: dict[str, Any] = {"id": rid, "object": kind, "created": created, "model": model,
+                                   "choices": [choice] if choice else []}
+            obj.update(extra or {})
+            self._chunk(f"data: {json.dumps(obj)}\n\n".encode())
+
+        if chat:
+            event({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None})
+        time.sleep(gen.ttft)
+        _first_token(self.state, started)
+        for i, token in enumerate(gen.tokens):
+            if i:
+                time.sleep(gen.per_token)
+            last = i == len(gen.tokens) - 1
+            finish = gen.finish_reason if last else None
+            if chat:
+                event({"index": 0, "delta": {"content": token}, "logprobs": None, "finish_reason": finish,
+                       **({"stop_reason": None} if last else {})})
+            else:
+                event({"index": 0, "text": token, "logprobs": None, "finish_reason": finish,
+                       "stop_reason": None})
+        if usage:
+            event(None, {"usage": _usage(gen)})
+        _count_output(self.state, gen)
+        self._chunk(b"data: [DONE]\n\n")
+        self._chunk(b"")
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+
+def _usage(gen: Generation) -> dict[str, Any]:
+    n = len(gen.tokens)
+    return {"prompt_tokens": gen.prompt_tokens, "total_tokens": gen.prompt_tokens + n,
+            "completion_tokens": n, "prompt_tokens_details": None}
+
+
+def _first_token(state: ServerState, started: float) -> None:
+    with state.lock:
+        state.ttft.observe(time.monotonic() - started)
+
+
+def _count_output(state: ServerState, gen: Generation) -> None:
+    with state.lock:
+        state.generation_tokens += len(gen.tokens)
+
+
+class _scheduled:
+    """Admit a request: wait for one of --max-num-seqs slots, count it as running, update GPU load."""
+
+    def __init__(self, state: ServerState, gen: Generation) -> None:
+        self.state = state
+        self.gen = gen
+        self.started = 0.0
+        self.tokens = gen.prompt_tokens + len(gen.tokens)
+
+    def __enter__(self) -> float:
+        s = self.state
+        self.started = time.monotonic()
+        with s.lock:
+            s.waiting += 1
+        s.seq_slots.acquire()
+        with s.lock:
+            s.waiting -= 1
+            s.running += 1
+            s.running_tokens += self.tokens
+            s.prompt_tokens += self.gen.prompt_tokens
+            running = s.running
+        s.on_load_change(running)
+        return self.started
+
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        s = self.state
+        reason = self.gen.finish_reason if exc_type is None else "abort"
+        with s.lock:
+            s.running -= 1
+            s.running_tokens -= self.tokens
+            s.success[reason] = s.success.get(reason, 0) + 1
+            s.e2e.observe(time.monotonic() - self.started)
+            running = s.running
+        s.seq_slots.release()
+        s.on_load_change(running)
+
+
+def make_server(sock: Any, state: ServerState) -> ThreadingHTTPServer:
+    """Serve on an already bound socket (vLLM binds early and listens only once the engine is up)."""
+    handler = type("BoundHandler", (Handler,), {"state": state})
+    server = ThreadingHTTPServer(sock.getsockname()[:2], handler, bind_and_activate=False)
+    server.socket.close()
+    server.socket = sock
+    server.server_address = sock.getsockname()[:2]
+    server.daemon_threads = True
+    server.server_activate()
+    return server
+
+
+def iter_routes() -> Iterator[tuple[str, str]]:
+    yield from ROUTES

@@ -1,0 +1,434 @@
+"""The simulated `vllm serve`: start-up checks with vLLM's texts, logs, HTTP API, GPU usage, signals.
+
+Every simulator runs in its own session (process group) and is SIGKILLed in a finalizer; every wait
+loop has a deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SIM = REPO / "ernie_deploy" / "lab" / "sim"
+ERNIE_CONFIG = json.loads((REPO / "ernie_deploy/data/models/ERNIE-4.5-0.3B-PT/config.json").read_text())
+LOAD = "0.3"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Lab:
+    """A temporary ERNIE_LAB_ROOT with GPUs, an optional version/faults file, and a model dir."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.gpus(4)
+        self.model = self.make_model("ernie", ERNIE_CONFIG)
+
+    def gpus(self, count: int, nvlink: bool = False) -> list[str]:
+        uuids = [f"GPU-0000000{i}-1111-2222-3333-444444444444" for i in range(count)]
+        gpus = [{"index": i, "name": "NVIDIA A10", "uuid": u, "memory_total_mib": 23028,
+                 "pci_bus_id": f"00000000:00:{0x1B + i:02X}.0"} for i, u in enumerate(uuids)]
+        path = self.root / "etc/ernie-lab/gpus.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"driver_version": "550.127.05", "cuda_version": "12.4", "nvlink": nvlink,
+                                    "gpus": gpus}))
+        return uuids
+
+    def version(self, version: str) -> None:
+        (self.root / "etc/ernie-lab/vllm_version").write_text(version + "\n")
+
+    def faults(self, faults: dict[str, Any]) -> None:
+        (self.root / "etc/ernie-lab/faults.json").write_text(json.dumps(faults))
+
+    def make_model(self, name: str, config: dict[str, Any]) -> str:
+        path = self.root / "models" / name
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "config.json").write_text(json.dumps(config))
+        return str(path)
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "VLLM_API_KEY")}
+        return {**env, "ERNIE_LAB_ROOT": str(self.root), "VLLM_SIM_LOAD_SECONDS": LOAD, **extra}
+
+    def run(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, str(SIM / "vllm_sim.py"), *args], env=self.env(**env),
+                              capture_output=True, text=True, timeout=30, check=False, start_new_session=True)
+
+    def serve_fail(self, *flags: str, **env: str) -> subprocess.CompletedProcess[str]:
+        return self.run("serve", self.model, "--port", str(free_port()), *flags, **env)
+
+    def start(self, *flags: str, port: int | None = None, model: str | None = None, **env: str) -> Server:
+        port = port or free_port()
+        log = self.root / f"vllm-{port}.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, str(SIM / "vllm_sim.py"), "serve", model or self.model, "--host", "127.0.0.1",
+                 "--port", str(port), *flags],
+                env=self.env(**env), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        self.procs.append(proc)
+        return Server(proc, port, log)
+
+    def smi(self, *args: str) -> str:
+        return subprocess.run([sys.executable, str(SIM / "nvidia_smi.py"), *args], env=self.env(),
+                              capture_output=True, text=True, timeout=20, check=True).stdout
+
+    def kill_all(self) -> None:
+        for proc in self.procs:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+        for entry in (self.root / "run/ernie-lab/gpu").glob("orphan-*.json"):  # leaked on purpose by a fault
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(entry.stem.split("-", 1)[1]), signal.SIGKILL)
+
+
+class Server:
+    def __init__(self, proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
+        self.proc, self.port, self.log_path = proc, port, log
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def request(self, method: str, path: str, body: Any = None,
+                headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        try:
+            data = None if body is None else json.dumps(body)
+            conn.request(method, path, body=data, headers={"content-type": "application/json", **(headers or {})})
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        finally:
+            conn.close()
+
+    def json(self, method: str, path: str, body: Any = None, **kw: Any) -> tuple[int, Any]:
+        status, raw = self.request(method, path, body, **kw)
+        return status, json.loads(raw) if raw else None
+
+    def wait_ready(self, timeout: float = 15.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.log
+            with contextlib.suppress(ConnectionError, OSError):
+                if self.request("GET", "/health")[0] == 200:
+                    return
+            time.sleep(0.05)
+        raise AssertionError(f"not ready in {timeout}s:\n{self.log}")
+
+    def wait_exit(self, timeout: float = 15.0) -> int:
+        return self.proc.wait(timeout=timeout)
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> Iterator[Lab]:
+    lab = Lab(tmp_path)
+    yield lab
+    lab.kill_all()
+
+
+# -- CLI and versions ---------------------------------------------------------------------------------
+
+
+def test_version_default_and_pinned(lab: Lab) -> None:
+    assert lab.run("--version").stdout == "0.34.0\n"
+    lab.version("0.9.2")
+    assert lab.run("--version").stdout == "0.9.2\n"
+
+
+def test_unknown_flag_exits_2(lab: Lab) -> None:
+    out = lab.serve_fail("--bogus-flag", "1")
+    assert out.returncode == 2
+    assert "vllm serve: error: unrecognized arguments: --bogus-flag 1" in out.stderr
+
+
+@pytest.mark.parametrize("flag", [["--swap-space", "4"], ["--disable-log-requests"]])
+def test_removed_flags_per_version(lab: Lab, flag: list[str]) -> None:
+    assert lab.serve_fail(*flag).returncode == 2  # 0.34: removed by 0.20
+    lab.version("0.11.0")
+    # Accepted by 0.11; TP=3 makes the run stop at the (later) config check instead of serving.
+    out = lab.serve_fail(*flag, "-tp", "3")
+    assert out.returncode == 1 and "must be divisible by tensor parallel size (3)" in out.stderr
+
+
+# -- start-up errors ----------------------------------------------------------------------------------
+
+
+def test_heads_not_divisible_by_tp(lab: Lab) -> None:
+    out = lab.serve_fail("--tensor-parallel-size", "3")
+    assert out.returncode == 1
+    text = "ValueError: Total number of attention heads (16) must be divisible by tensor parallel size (3)."
+    assert text in out.stderr
+
+
+@pytest.mark.parametrize(("version", "shown"), [("0.34.0", "131072.0"), ("0.11.0", "131072")])
+def test_max_model_len_above_derived(lab: Lab, version: str, shown: str) -> None:
+    lab.version(version)
+    out = lab.serve_fail("--max-model-len", "200000")
+    assert out.returncode == 1
+    assert "1 validation error for ModelConfig" in out.stderr
+    assert (
+        "  Value error, User-specified max_model_len (200000) is greater than the derived max_model_len "
+        f"(max_position_embeddings={shown} or model_max_length=None in model's config.json). To allow overriding "
+        "this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1. VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used"
+    ) in out.stderr
+
+
+def test_max_model_len_old_wording_and_old_arch_name_in_0_9_2(lab: Lab) -> None:
+    lab.version("0.9.2")
+    lab.model = lab.make_model("old", {**ERNIE_CONFIG, "architectures": ["Ernie4_5_ForCausalLM"]})
+    out = lab.serve_fail("--max-model-len", "200000")
+    assert ("(max_position_embeddings=131072 or model_max_length=None in model's config.json). This may lead to "
+            "incorrect model outputs or CUDA errors.") in out.stderr
+
+
+@pytest.mark.parametrize(("version", "arch"), [("0.34.0", "Ernie4_5_ForCausalLM"), ("0.9.2", "Ernie4_5ForCausalLM")])
+def test_architecture_not_in_registry(lab: Lab, version: str, arch: str) -> None:
+    lab.version(version)
+    lab.model = lab.make_model("arch", {**ERNIE_CONFIG, "architectures": [arch]})
+    out = lab.serve_fail()
+    assert out.returncode == 1
+    assert f"Value error, Model architectures ['{arch}'] are not supported for now. Supported architectures: " \
+           "dict_keys([" in out.stderr
+
+
+def unprefix(text: str) -> str:
+    """Drop the `(APIServer pid=N) ` decoration vLLM puts on every line, so multi-line texts compare whole."""
+    return re.sub(r"(?m)^\(\w+ pid=\d+\) ", "", text)
+
+
+def test_world_size_larger_than_visible_gpus(lab: Lab) -> None:
+    out = lab.serve_fail("-tp", "2", CUDA_VISIBLE_DEVICES="0")
+    assert out.returncode == 1
+    assert ("World size (2) is larger than the number of available GPUs (1) in this node. If this is intentional "
+            "and you are using:\n- ray, set '--distributed-executor-backend ray'.") in unprefix(out.stderr)
+    lab.version("0.11.0")
+    out = lab.serve_fail("-tp", "8")
+    assert "Unable to load Ray: No module named 'ray'. Ray is required for multi-node inference" in out.stderr
+
+
+@pytest.mark.parametrize(("version", "spelling"), [("0.11.0", "models's"), ("0.34.0", "model's")])
+def test_kv_cache_too_small(lab: Lab, version: str, spelling: str) -> None:
+    lab.version(version)
+    out = lab.serve_fail("--gpu-memory-utilization", "0.12", "--enforce-eager")
+    assert out.returncode == 1
+    assert f"ValueError: To serve at least one request with the {spelling} max seq len (131072), (2.25 GiB KV " \
+           "cache is needed, which is larger than the available KV cache memory (" in out.stdout
+    assert "Based on the available memory, the estimated maximum model length is " in out.stdout
+    assert "RuntimeError: Engine core initialization failed. See root cause above." in out.stderr
+
+
+def test_no_memory_for_cache_blocks(lab: Lab) -> None:
+    out = lab.serve_fail("--gpu-memory-utilization", "0.05")
+    assert "ValueError: No available memory for the cache blocks." in out.stdout and out.returncode == 1
+
+
+def test_expert_parallel_on_dense_model(lab: Lab) -> None:
+    out = lab.serve_fail("--enable-expert-parallel")
+    assert "Number of experts in the model must be greater than 0 when expert parallelism is enabled." in out.stderr
+
+
+def test_moe_tp_greater_than_experts(lab: Lab) -> None:
+    lab.model = lab.make_model("tiny-moe", {**ERNIE_CONFIG, "architectures": ["Ernie4_5_MoeForCausalLM"],
+                                            "moe_num_experts": 2, "moe_intermediate_size": 512})
+    out = lab.serve_fail("-tp", "4", "--gpu-memory-utilization", "0.3")
+    assert out.returncode == 1
+    assert "(Worker_TP0 pid=" in out.stdout and "WorkerProc failed to start." in out.stdout
+    assert "ValueError: Tensor parallel size 4 is greater than the number of experts 2." in out.stdout
+
+
+@pytest.mark.parametrize(("fault", "text"), [
+    ("cuda_oom", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."),
+    ("nccl", "RuntimeError: NCCL error: unhandled system error"),
+    ("traceback", "AttributeError: 'NoneType' object has no attribute 'shape'"),
+    ("address_in_use", "OSError: [Errno 98] Address already in use"),
+])
+def test_forced_faults(lab: Lab, fault: str, text: str) -> None:
+    lab.faults({"fail_startup": fault})
+    out = lab.serve_fail()
+    assert out.returncode == 1
+    assert text in out.stdout + out.stderr
+
+
+def test_port_taken_is_address_in_use(lab: Lab) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = lab.run("serve", lab.model, "--host", "127.0.0.1", "--port", str(port))
+    assert out.returncode == 1 and "OSError: [Errno 98] Address already in use" in out.stderr
+
+
+def test_custom_all_reduce_warning_on_pcie_only(lab: Lab) -> None:
+    out = lab.serve_fail("-tp", "4", "--gpu-memory-utilization", "0.05")
+    assert out.stdout.count("Custom allreduce is disabled because it's not supported on more than two "
+                            "PCIe-only GPUs.") == 4
+    lab.gpus(4, nvlink=True)
+    assert "Custom allreduce is disabled" not in lab.serve_fail("-tp", "4", "--gpu-memory-utilization", "0.05").stdout
+
+
+# -- serving ------------------------------------------------------------------------------------------
+
+
+def test_tp2_startup_log_processes_and_gpu_usage(lab: Lab) -> None:
+    lab.version("0.11.0")
+    server = lab.start("-tp", "2", port=free_port())
+    with pytest.raises(ConnectionRefusedError):
+        server.request("GET", "/health")  # bound but not listening while loading
+    server.wait_ready()
+    log = server.log
+    assert "vLLM API server version 0.11.0" in log
+    assert "'tensor_parallel_size': 2" in log
+    assert "Using max model len 131072" in log
+    assert "tensor_parallel_size=2, pipeline_parallel_size=1" in log and "max_seq_len=131072" in log
+    worker_pids = {int(line.split("pid=")[1].split(")")[0]) for line in log.splitlines()
+                   if line.startswith("(Worker_TP")}
+    assert len(worker_pids) == 2 and "(Worker_TP2" not in log
+    assert "(EngineCore_DP0 pid=" in log
+    assert "] GPU KV cache size: " in log and "] Maximum concurrency for 131,072 tokens per request: " in log
+    assert f"Starting vLLM API server 0 on http://127.0.0.1:{server.port}" in log
+    assert "INFO:     Application startup complete." in log
+    apps = lab.smi("--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits").splitlines()
+    assert {int(a.split(", ")[0]) for a in apps} == worker_pids
+    used = lab.smi("--query-gpu=memory.used", "--format=csv,noheader,nounits").split()
+    assert used == [str(round(23028 * 0.9))] * 2 + ["0", "0"]
+
+
+@pytest.fixture
+def served(lab: Lab) -> Server:
+    server = lab.start("--served-model-name", "ernie", "--max-model-len", "4096")
+    server.wait_ready()
+    return server
+
+
+def test_openai_routes(served: Server) -> None:
+    status, models = served.json("GET", "/v1/models")
+    card = models["data"][0]
+    assert (status, card["id"], card["max_model_len"], card["owned_by"]) == (200, "ernie", 4096, "vllm")
+    assert served.json("GET", "/version") == (200, {"version": "0.34.0"})
+    assert served.request("POST", "/ping")[0] == 200
+    body = {"model": "ernie", "prompt": "Hello there", "max_tokens": 12}
+    status, first = served.json("POST", "/v1/completions", body)
+    assert status == 200 and first["usage"]["completion_tokens"] == 12
+    assert first["choices"][0]["finish_reason"] == "length"
+    assert served.json("POST", "/v1/completions", body)[1]["choices"][0]["text"] == first["choices"][0]["text"]
+    chat = {"model": "ernie", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+    status, reply = served.json("POST", "/v1/chat/completions", chat)
+    assert status == 200 and reply["object"] == "chat.completion" and reply["usage"]["completion_tokens"] <= 5
+    status, err = served.json("POST", "/v1/completions", {**body, "model": "other"})
+    assert status == 404 and err["error"]["message"] == "The model `other` does not exist."
+    status, err = served.json("POST", "/v1/completions", {**body, "max_tokens": 5000})
+    assert status == 400 and "maximum context length is 4096 tokens" in err["error"]["message"]
+
+
+def test_streaming_sse(served: Server) -> None:
+    body = {"model": "ernie", "messages": [{"role": "user", "content": "stream"}], "max_tokens": 6, "stream": True}
+    status, raw = served.request("POST", "/v1/chat/completions", body)
+    events = [line[6:] for line in raw.decode().splitlines() if line.startswith("data: ")]
+    assert status == 200 and events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert chunks[-1]["choices"][0]["finish_reason"] in ("length", "stop")
+
+
+def test_metrics_and_api_key(lab: Lab) -> None:
+    server = lab.start("--api-key", "s3cret", VLLM_API_KEY="ignored")
+    server.wait_ready()
+    assert server.json("GET", "/v1/models") == (401, {"error": "Unauthorized"})
+    assert server.request("GET", "/v1/models", headers={"Authorization": "Bearer ignored"})[0] == 401
+    auth = {"Authorization": "Bearer s3cret"}
+    assert server.request("POST", "/v1/completions", {"prompt": "x", "max_tokens": 2}, headers=auth)[0] == 200
+    status, raw = server.request("GET", "/metrics")
+    text = raw.decode()
+    assert status == 200
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:time_to_first_token_seconds_bucket", "vllm:time_to_first_token_seconds_sum",
+                 "vllm:time_to_first_token_seconds_count", "vllm:prompt_tokens_total",
+                 "vllm:generation_tokens_total", "vllm:request_success_total"):
+        assert f'{name}{{model_name="{lab.model}",engine="0"' in text, name
+    assert "vllm:gpu_cache_usage_perc" not in text
+
+
+def test_second_instance_on_same_gpu_fails_free_memory(lab: Lab) -> None:
+    first = lab.start(CUDA_VISIBLE_DEVICES="1")
+    first.wait_ready()
+    out = lab.serve_fail(CUDA_VISIBLE_DEVICES="1")
+    assert out.returncode == 1
+    assert ("ValueError: Free memory on device cuda:0 (1.8/22.49 GiB) on startup is less than desired GPU memory "
+            "utilization (0.92, 20.69 GiB). Decrease GPU memory utilization or reduce GPU memory used by other "
+            "processes.") in out.stdout
+
+
+def test_sigterm_drains_inflight_stream(lab: Lab) -> None:
+    server = lab.start()
+    server.wait_ready()
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    body = {"prompt": "long", "max_tokens": 120, "ignore_eos": True, "stream": True}
+    conn.request("POST", "/v1/completions", body=json.dumps(body), headers={"content-type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.readline().startswith(b"data: ")
+    server.proc.send_signal(signal.SIGTERM)
+    rest = resp.read().decode()
+    conn.close()
+    assert rest.rstrip().endswith("data: [DONE]") and rest.count("data: ") >= 119
+    assert server.wait_exit() == 0
+    assert "INFO:     Finished server process" in server.log
+    assert lab.smi("--query-gpu=memory.used", "--format=csv,noheader,nounits").split() == ["0"] * 4
+
+
+def test_sigterm_while_loading_exits_promptly(lab: Lab) -> None:
+    lab.faults({"hang_loading": True})
+    server = lab.start()
+    deadline = time.monotonic() + 10
+    while "Starting to load model" not in server.log and time.monotonic() < deadline:
+        time.sleep(0.05)
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.wait_exit(timeout=5) == -signal.SIGINT  # uncaught KeyboardInterrupt("terminated")
+    assert "KeyboardInterrupt: terminated" in server.log
+
+
+def test_runtime_faults(lab: Lab) -> None:
+    port = free_port()
+    lab.faults({"ports": {str(port): {"crash_after_s": 1.0}}})
+    server = lab.start(port=port)
+    server.wait_ready()
+    lab.faults({"ports": {str(port): {"crash_after_s": 1.0, "health_503": True}}})
+    assert server.request("GET", "/health")[0] == 503  # re-read per request
+    assert server.wait_exit() == 1
+    assert "died unexpectedly, shutting down client." in server.log
+
+
+def test_ignore_sigterm_and_orphan_memory(lab: Lab) -> None:
+    lab.faults({"ignore_sigterm": True, "orphan_gpu_memory": True})
+    server = lab.start(CUDA_VISIBLE_DEVICES="2")
+    server.wait_ready()
+    server.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    assert server.proc.poll() is None and server.request("GET", "/health")[0] == 200
+    lab.faults({"orphan_gpu_memory": True})
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.wait_exit() == 0
+    apps = lab.smi("--query-compute-apps=pid,process_name,gpu_uuid", "--format=csv,noheader").splitlines()
+    assert len(apps) == 1 and ", VLLM::EngineCore, GPU-00000002-" in apps[0]
+    assert int(apps[0].split(", ")[0]) != server.proc.pid
+
