@@ -15,7 +15,7 @@ from rich.table import Table
 # Rich falls back to 80 columns when output is piped, which truncates plan tables; use COLUMNS or 140.
 _WIDTH = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "140"))
 out = Console(highlight=False, width=_WIDTH)
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)  # errors stay one greppable line
 
 
 def print_json(data: Any) -> None:

@@ -22,7 +22,8 @@ from ernie_deploy.versions import parse_version, version_facts
 UNIT_DIR = "/etc/systemd/system"
 ENV_DIR = "/etc/ernie-deploy"
 TEMPLATE_NAMES = ("vllm.service.j2", "vllm.env.j2")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# C0/C1 controls and Unicode line separators: none belongs in a unit file, several end a line somewhere.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _PLAIN_WORD = re.compile(r"[A-Za-z0-9_@+=:,./%$-]+")
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
@@ -81,6 +82,11 @@ def _env_file_line(key: str, value: str, host: str) -> str:
 
 
 def exec_start(plan: HostPlan, inst: InstancePlan) -> str:
+    return " ".join(exec_words(plan, inst))
+
+
+def exec_words(plan: HostPlan, inst: InstancePlan) -> list[str]:
+    """ExecStart= as a list of words, each already escaped for systemd."""
     host = plan.name
     if not _EXECUTABLE.fullmatch(plan.bin):
         raise RenderError(f"vllm_bin must be an absolute path of plain characters, got {plan.bin!r}", where=host)
@@ -98,7 +104,7 @@ def exec_start(plan: HostPlan, inst: InstancePlan) -> str:
     if _has_shutdown_timeout(plan.version):
         words += ["--shutdown-timeout", str(plan.drain_timeout)]
     words += [systemd_word(arg, "vllm_extra_args item", host) for arg in inst.args]
-    return " ".join(words)
+    return words
 
 
 def _has_shutdown_timeout(version: str) -> bool:

@@ -8,6 +8,7 @@ from ernie_deploy import console
 from ernie_deploy.findings import Severity
 from ernie_deploy.memory import GIB
 from ernie_deploy.plantypes import HostPlan
+from ernie_deploy.render import exec_words
 from ernie_deploy.settings import Secret
 
 STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.ADVICE: "cyan", Severity.INFO: "dim"}
@@ -48,6 +49,45 @@ def show_plans(plans: Sequence[HostPlan], verbose: bool = False) -> None:
         console.out.print()
 
 
+# Which setting each rendered flag comes from.
+FLAG_SETTINGS = {
+    "--served-model-name": "served_model_name", "--host": "host", "--port": "port",
+    "--tensor-parallel-size": "tensor_parallel_size", "--pipeline-parallel-size": "pipeline_parallel_size",
+    "--max-model-len": "max_model_len", "--gpu-memory-utilization": "gpu_memory_utilization",
+    "--shutdown-timeout": "drain_timeout",
+}
+
+
+def flag_sources(plan: HostPlan) -> list[list[str]]:
+    """Rows of (instance, flag, value, why) for every flag of every instance's ExecStart."""
+    rows = []
+    for inst in plan.instances:
+        words = exec_words(plan, inst)
+        i = 3
+        while i < len(words):
+            flag = words[i]
+            value = words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("--") else ""
+            setting = FLAG_SETTINGS.get(flag)
+            if setting in plan.settings:
+                why = f"{setting}: {plan.settings[setting].source}"
+            elif setting == "served_model_name":
+                why = "last part of the model path" + (f", suffix -{inst.index} for instance {inst.index}"
+                                                       if inst.index else "")
+            elif flag in (plan.profile and _profile_args(plan)):
+                why = f"profile {plan.profile}"
+            else:
+                why = "vllm_extra_args"
+            rows.append([inst.unit, flag, value, why])
+            i += 2 if value else 1
+    return rows
+
+
+def _profile_args(plan: HostPlan) -> tuple[str, ...]:
+    extra = tuple(plan.settings["extra_args"].value) if "extra_args" in plan.settings else ()
+    args = plan.instances[0].args if plan.instances else ()
+    return args[: len(args) - len(extra)]
+
+
 def show_explain(plan: HostPlan) -> None:
     console.out.print(f"[bold]{plan.name}[/]: why each setting has its value")
     rows = []
@@ -60,8 +100,12 @@ def show_explain(plan: HostPlan) -> None:
                           f"{'NVLink' if plan.gpu.nvlink else 'PCIe only'}); row: {plan.row or 'none'}")
     if plan.model:
         m = plan.model
-        console.out.print(f"model: {m.name} ({m.architecture}, {'MoE ' + str(m.num_experts) + ' experts' if m.is_moe else 'dense'}, "
+        kind = f"MoE, {m.num_experts} experts" if m.is_moe else "dense"
+        console.out.print(f"model: {m.name} ({m.architecture}, {kind}, "
                           f"{m.param_count / 1e9:.2f} B params, {m.weight_bytes / GIB:.2f} GiB {m.dtype}); "
                           f"{m.num_attention_heads} heads / {m.num_kv_heads} KV heads; derived max length "
-                          f"{m.derived_max_len} from {m.max_len_key}; valid TP: {', '.join(map(str, m.valid_tp_sizes()))}",
+                          f"{m.derived_max_len} from {m.max_len_key}; "
+                          f"valid TP: {', '.join(map(str, m.valid_tp_sizes()))}",
                           markup=False)
+    if plan.ok:
+        console.table("flags of each unit's ExecStart", ["unit", "flag", "value", "why"], flag_sources(plan))

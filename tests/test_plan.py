@@ -4,8 +4,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
 from conftest import FIXTURES, ROOT, codes
+
 from ernie_deploy.findings import Severity
 from ernie_deploy.inventory import load_inventory
 from ernie_deploy.plan import PlanContext, plan_hosts
@@ -193,7 +193,8 @@ def test_moe_tp_above_experts(plan_one: Plan, tmp_path: Path) -> None:
     (tmp_path / "moe.json").write_text(json.dumps(cfg))
     p = plan_one(gpu_model="NVIDIA A100-SXM4-80GB", gpu_count=8, vllm_allow_fallback=True, vllm_tensor_parallel_size=8,
                  vllm_model_config=str(tmp_path / "moe.json"))
-    assert finding(p, "moe-tp-experts").vllm_message == "Tensor parallel size 8 is greater than the number of experts 4."
+    assert finding(p, "moe-tp-experts").vllm_message == (
+        "Tensor parallel size 8 is greater than the number of experts 4.")
 
 
 def test_architecture_rename(plan_one: Plan) -> None:
