@@ -380,7 +380,7 @@ def test_second_instance_on_same_gpu_fails_free_memory(lab: Lab) -> None:
 
 
 def test_sigterm_drains_inflight_stream(lab: Lab) -> None:
-    server = lab.start()
+    server = lab.start("--shutdown-timeout", "30")
     server.wait_ready()
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
     body = {"prompt": "long", "max_tokens": 120, "ignore_eos": True, "stream": True}
@@ -394,6 +394,31 @@ def test_sigterm_drains_inflight_stream(lab: Lab) -> None:
     assert server.wait_exit() == 0
     assert "INFO:     Finished server process" in server.log
     assert lab.smi("--query-gpu=memory.used", "--format=csv,noheader,nounits").split() == ["0"] * 4
+
+
+def test_sigterm_without_shutdown_timeout_aborts_streams_from_0_18(lab: Lab) -> None:
+    server = lab.start()  # 0.34: --shutdown-timeout defaults to 0
+    server.wait_ready()
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    body = {"prompt": "long", "max_tokens": 400, "ignore_eos": True, "stream": True}
+    conn.request("POST", "/v1/completions", body=json.dumps(body), headers={"content-type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.readline().startswith(b"data: ")
+    server.proc.send_signal(signal.SIGTERM)
+    try:
+        rest = resp.read().decode()
+    except http.client.IncompleteRead as exc:
+        rest = exc.partial.decode()
+    conn.close()
+    assert "data: [DONE]" not in rest
+    assert server.wait_exit() == 0
+
+
+def test_shutdown_timeout_flag_is_unknown_before_0_18(lab: Lab) -> None:
+    (lab.root / "etc/ernie-lab/vllm_version").write_text("0.11.0\n")
+    server = lab.start("--shutdown-timeout", "30")
+    assert server.wait_exit() == 2
+    assert "vllm serve: error: unrecognized arguments: --shutdown-timeout 30" in server.log
 
 
 def test_sigterm_while_loading_exits_promptly(lab: Lab) -> None:

@@ -52,8 +52,8 @@ def build_parser(profile: Profile) -> argparse.ArgumentParser:
         p.add_argument("--api-key", nargs="+", default=None)
     else:
         p.add_argument("--api-key", default=None)
-    # [UNVERIFIED] which release introduced --shutdown-timeout; accepted by every profile here.
-    p.add_argument("--shutdown-timeout", type=int, default=None)
+    if profile.has_shutdown_timeout:
+        p.add_argument("--shutdown-timeout", type=int, default=None)
     # Engine args (engine/arg_utils.py).
     p.add_argument("--model", default=None)
     p.add_argument("--trust-remote-code", action=argparse.BooleanOptionalAction, default=False)

@@ -639,7 +639,11 @@ class Serve:
         server.shutdown()
         server.socket.close()
         self.sock = None
-        timeout = self.args.shutdown_timeout
+        # Before 0.18 uvicorn waits for open connections without a limit. From 0.18 --shutdown-timeout
+        # exists and defaults to 0: in-flight requests are aborted (vLLM docs PR #43208).
+        timeout = getattr(self.args, "shutdown_timeout", None)
+        if timeout is None and self.profile.has_shutdown_timeout:
+            timeout = 0
         deadline = None if timeout is None else time.monotonic() + timeout
         with state.lock:
             if state.inflight:

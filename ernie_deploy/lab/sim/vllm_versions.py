@@ -44,6 +44,8 @@ class Profile:
     init_took_unit: str = "seconds"  # "init engine … took %.2f seconds" vs "… took %.2f s" (0.34)
     kv_subtracts_cudagraph: bool = False  # 0.34 subtracts a CUDA-graph estimate from the KV budget
     newer_engine_fields: bool = False  # 0.34 engine-config line adds decode_context_parallel_size, …
+    # --shutdown-timeout arrived with vLLM PR #34730, "included in the v0.18.0 release" (llm-d issue #927).
+    has_shutdown_timeout: bool = False
 
 
 _BASE = Profile(version="0.11.0")
@@ -65,9 +67,11 @@ PROFILES: dict[tuple[int, ...], Profile] = {
     (0, 10, 1, 1): replace(_BASE, version="0.10.1.1", engine_proc="EngineCore_0"),
     (0, 11, 0): _BASE,
     (0, 13, 0): replace(_BASE, version="0.13.0"),
+    (0, 18, 0): replace(_BASE, version="0.18.0", has_shutdown_timeout=True),
     (0, 20, 0): replace(
         _BASE,
         version="0.20.0",
+        has_shutdown_timeout=True,
         gpu_util_default=0.92,
         has_swap_space=False,
         disable_log_requests=None,
@@ -80,6 +84,7 @@ PROFILES: dict[tuple[int, ...], Profile] = {
     (0, 24, 0): replace(
         _BASE,
         version="0.24.0",
+        has_shutdown_timeout=True,
         gpu_util_default=0.92,
         has_swap_space=False,
         disable_log_requests=None,
@@ -90,7 +95,8 @@ PROFILES: dict[tuple[int, ...], Profile] = {
         engine_proc="EngineCore",
     ),
 }
-PROFILES[(0, 27, 1)] = replace(PROFILES[(0, 24, 0)], version="0.27.1")
+# Reference §6: the KV-OOM message reads "model's" from 0.27.1 on.
+PROFILES[(0, 27, 1)] = replace(PROFILES[(0, 24, 0)], version="0.27.1", kv_typo_models=False)
 PROFILES[(0, 33, 0)] = replace(PROFILES[(0, 24, 0)], version="0.33.0", derived_len_float=True, kv_typo_models=False)
 PROFILES[(0, 34, 0)] = replace(
     PROFILES[(0, 33, 0)],
