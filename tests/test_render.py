@@ -14,6 +14,7 @@ import pytest
 from conftest import ROOT
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from systemd_words import unsystemd
 
 from ernie_deploy.errors import RenderError
 from ernie_deploy.inventory import load_inventory
@@ -119,44 +120,6 @@ def test_every_rendered_unit_passes_systemd_analyze_verify(tmp_path: Path, plan_
         result = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)], capture_output=True, text=True,
                                 timeout=60)
         assert result.returncode == 0 and result.stderr == "", f"{unit}: {result.stderr}"
-
-
-def unsystemd(line: str) -> list[str]:
-    """Split an ExecStart= value the way systemd documents it (systemd.service(5), systemd.syntax(7)):
-    `%%` is a literal %, any other specifier is an error here; words split on whitespace with double/single
-    quotes and C escapes; `$$` is a literal $, `$NAME` would be expanded (an error here)."""
-    if re.search(r"%[^%]", line.replace("%%", "")):
-        raise AssertionError(f"unescaped specifier in {line!r}")
-    line = line.replace("%%", "%")
-    words, i, n = [], 0, len(line)
-    escapes = {"\\": "\\", '"': '"', "'": "'", "n": "\n", "t": "\t", "s": " "}
-    while i < n:
-        while i < n and line[i] in " \t":
-            i += 1
-        if i >= n:
-            break
-        word, quote = "", None
-        while i < n and (quote or line[i] not in " \t"):
-            c = line[i]
-            if c == "\\" and i + 1 < n:
-                word += escapes[line[i + 1]]
-                i += 2
-                continue
-            if quote is None and c in "\"'":
-                quote = c
-            elif c == quote:
-                quote = None
-            else:
-                word += c
-            i += 1
-        assert quote is None, f"unterminated quote in {line!r}"
-        words.append(word)
-    out = []
-    for w in words:
-        if re.search(r"\$[^$]", w.replace("$$", "")):
-            raise AssertionError(f"variable expansion in {w!r}")
-        out.append(w.replace("$$", "$"))
-    return out
 
 
 @settings(max_examples=300, deadline=None)
