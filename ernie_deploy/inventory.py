@@ -52,7 +52,11 @@ class _Marked(dict):  # type: ignore[type-arg]
     key_lines: dict[Any, int]
 
 
-class _Loader(yaml.SafeLoader):
+# libyaml's parser is several times faster on fleet-sized inventories and reports the same marks.
+_SafeBase: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _Loader(_SafeBase):  # type: ignore[misc,valid-type]
     def _construct_marked_map(self, node: yaml.MappingNode) -> Any:
         data = _Marked()
         data.line = node.start_mark.line + 1
@@ -167,6 +171,8 @@ class _Builder:
         self.shown = shown
         self.groups: dict[str, _Group] = {name: _Group(name) for name in _BUILTIN_GROUPS}
         self.host_vars: dict[str, dict[str, Any]] = {}  # inventory-file host vars, in creation order
+        # host → its direct groups (an ordered set): membership tests stay O(1) on 100k-host inventories.
+        self.host_groups: dict[str, dict[str, None]] = {}
         self.add_child("all", "ungrouped", where=shown)
 
     @staticmethod
@@ -246,7 +252,8 @@ class _Builder:
             if name not in self.host_vars:
                 # `host:PORT` sets ansible_port only where the host is first defined, as in Ansible.
                 self.host_vars[name] = {"ansible_port": port} if port else {}
-            if name not in self.groups[group].hosts:
+            if group not in self.host_groups.setdefault(name, {}):
+                self.host_groups[name][group] = None
                 self.groups[group].hosts.append(name)
             for var, val in (body or {}).items():
                 self.host_vars[name][self._var_name(var, body, path)] = _plain(val)
@@ -298,13 +305,15 @@ class _Builder:
         for host in self.host_vars:
             member_of = self.member_of(host)
             if "ungrouped" in member_of:
-                if member_of - set(_BUILTIN_GROUPS) and host in ungrouped:
+                if member_of - set(_BUILTIN_GROUPS) and "ungrouped" in self.host_groups[host]:
                     ungrouped.remove(host)
+                    del self.host_groups[host]["ungrouped"]
             elif member_of <= {"all"}:
                 ungrouped.append(host)
+                self.host_groups.setdefault(host, {})["ungrouped"] = None
 
     def member_of(self, host: str) -> set[str]:
-        direct = {g.name for g in self.groups.values() if host in g.hosts}
+        direct = set(self.host_groups.get(host, ()))
         return direct.union(*(self.ancestors(g) for g in direct))
 
 

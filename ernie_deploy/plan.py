@@ -4,6 +4,7 @@ beyond reading the local data files and model configs it is pointed at."""
 from __future__ import annotations
 
 import posixpath
+from dataclasses import replace
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,8 +13,8 @@ from typing import Any, Protocol
 from ernie_deploy.errors import DeployError
 from ernie_deploy.findings import Finding, Severity
 from ernie_deploy.hardware import Catalog, GpuType, load_catalog
-from ernie_deploy.models import ModelSpec, bundled_model, load_model
-from ernie_deploy.plantypes import HostPlan, InstancePlan
+from ernie_deploy.models import ModelSpec, bundled_model, load_model, spec_from_config
+from ernie_deploy.plantypes import Discovered, HostPlan, InstancePlan
 from ernie_deploy.recommend import Row, Table, load_table
 from ernie_deploy.settings import DEFAULTS, Setting, host_secrets, inventory_settings
 from ernie_deploy.validate import check_instance, check_sharing, memory_for
@@ -110,10 +111,11 @@ def _layers(table: Table, row: Row | None, fallback: Mapping[str, Any], inv: Map
     return layers
 
 
-def plan_host(host: HostLike, ctx: PlanContext) -> HostPlan:
-    """Plan one host. Bad input becomes an error finding, so one bad host never hides the others."""
+def plan_host(host: HostLike, ctx: PlanContext, discovered: Discovered | None = None) -> HostPlan:
+    """Plan one host, from its inventory variables and, when given, what the host itself reported.
+    Bad input becomes an error finding, so one bad host never hides the others."""
     try:
-        return _plan_host(host, ctx)
+        return _plan_host(host, ctx, discovered)
     except DeployError as exc:
         return HostPlan(
             name=host.name, address=host.address, gpu=None, gpu_count=0, row=None, profile=None, model=None,
@@ -122,15 +124,44 @@ def plan_host(host: HostLike, ctx: PlanContext) -> HostPlan:
         )
 
 
-def _plan_host(host: HostLike, ctx: PlanContext) -> HostPlan:
+def _discovered_gpu(host: HostLike, catalog: Catalog, found: Discovered) -> tuple[GpuType, int]:
+    """The host's real GPUs; inventory declarations that disagree are errors naming both."""
+    if not found.gpu_count or not found.gpu_name:
+        raise DeployError(f"no GPUs found: {found.gpu_error or 'nvidia-smi listed none'}", where=host.name,
+                          hint="install the NVIDIA driver (nvidia-smi must work) or remove the host from the play")
+    known = catalog.lookup(found.gpu_name)
+    gpu = known or GpuType(found.gpu_name, (), found.gpu_memory_mib or 0, bool(found.nvlink), "")
+    gpu = replace(gpu, memory_mib=found.gpu_memory_mib or gpu.memory_mib,
+                  nvlink=gpu.nvlink if found.nvlink is None else found.nvlink)
+    declared_model, declared_count = host.vars.get("gpu_model"), host.vars.get("gpu_count")
+    if isinstance(declared_model, str) and catalog.lookup(declared_model) != known:
+        raise DeployError(f"gpu_model: inventory says {declared_model!r}, nvidia-smi found {found.gpu_name!r}",
+                          where=host.name, hint=f"set gpu_model: {found.gpu_name} (or fix the host)")
+    if declared_count is not None and declared_count != found.gpu_count:
+        raise DeployError(f"gpu_count: inventory says {declared_count}, nvidia-smi found {found.gpu_count}",
+                          where=host.name, hint=f"set gpu_count: {found.gpu_count}, or check the host's GPUs")
+    return gpu, found.gpu_count
+
+
+def _plan_host(host: HostLike, ctx: PlanContext, discovered: Discovered | None) -> HostPlan:
     where = host.name
     inv = inventory_settings(host.vars, where)
-    gpu, gpu_count = _gpu(host, ctx.catalog)
+    if discovered is None:
+        gpu, gpu_count = _gpu(host, ctx.catalog)
+    else:
+        gpu, gpu_count = _discovered_gpu(host, ctx.catalog, discovered)
     table = ctx.table
     row = table.match(gpu, gpu_count)
     base = {**DEFAULTS, **table.defaults, **(row.settings if row else {}), **inv}
     model_path = str(base["model"])
-    model = ctx.model(model_path, base.get("model_config"), where)
+    if discovered is not None and discovered.model_config is None:
+        raise DeployError(f"no readable config.json under {model_path} on the host: {discovered.model_error}",
+                          where=where, hint="put the model there (or set vllm_model to where it is)")
+    if discovered is not None and discovered.model_config is not None:
+        model = spec_from_config(discovered.model_config, posixpath.basename(model_path.rstrip("/")),
+                                 f"{where}:{model_path.rstrip('/')}/config.json")
+    else:
+        model = ctx.model(model_path, base.get("model_config"), where)
     fallback: dict[str, Any] = {}
     if row is None:
         if not base.get("allow_fallback"):
@@ -150,6 +181,14 @@ def _plan_host(host: HostLike, ctx: PlanContext) -> HostPlan:
         return settings[name].value if name in settings else default
 
     version_text = str(value("version") or version_facts().default)
+    if discovered is not None:
+        if discovered.vllm_version is None:
+            raise DeployError(f"{value('bin')} --version failed on the host: {discovered.vllm_error}", where=where,
+                              hint="install vLLM there or set vllm_bin to its path")
+        if "version" in inv and parse_version(str(inv["version"])) != parse_version(discovered.vllm_version):
+            raise DeployError(f"vllm_version pins {inv['version']}, but the host runs vLLM {discovered.vllm_version}",
+                              where=where, hint="upgrade vLLM on the host, or change vllm_version")
+        version_text = discovered.vllm_version
     version = parse_version(version_text, f"{where}: vllm_version")
     instances = _instances(host, ctx, model, gpu, gpu_count, value, settings)
     findings: list[Finding] = []

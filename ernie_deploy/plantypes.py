@@ -13,6 +13,21 @@ from ernie_deploy.settings import Secret, Setting
 
 
 @dataclass(frozen=True)
+class Discovered:
+    """What the host itself says (from facts), which replaces what the inventory declares."""
+
+    gpu_name: str | None
+    gpu_count: int
+    gpu_memory_mib: int | None
+    nvlink: bool | None
+    gpu_error: str | None = None
+    model_config: dict[str, Any] | None = None
+    model_error: str | None = None
+    vllm_version: str | None = None
+    vllm_error: str | None = None
+
+
+@dataclass(frozen=True)
 class InstancePlan:
     index: int
     unit: str  # systemd unit name without ".service"
