@@ -15,16 +15,19 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from ernie_deploy import __version__, console
+from ernie_deploy.cli_remote import register as register_remote
 from ernie_deploy.errors import DeployError
 from ernie_deploy.inventory import Inventory, load_inventory
+from ernie_deploy.lab.cli import register as register_lab
 from ernie_deploy.plan import PlanContext, plan_hosts
 from ernie_deploy.plantypes import HostPlan
 from ernie_deploy.render import environment_for_templates, render_host, templates_dir
 from ernie_deploy.report import show_explain, show_plans
 
-EXIT_OK, EXIT_PLAN_ERRORS, EXIT_INPUT = 0, 1, 2
+EXIT_OK, EXIT_PLAN_ERRORS, EXIT_INPUT = 0, 1, 5
 JSON_SCHEMA = "ernie-deploy/plan/v1"
 
 log = logging.getLogger("ernie_deploy")
@@ -40,16 +43,25 @@ def _common(p: argparse.ArgumentParser, limit: bool = True) -> None:
                    help="recommended-config table to use instead of the bundled one")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse exits 2 on usage errors; 2 means "a host failed" here, so usage errors exit 5."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_INPUT, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="ernie-deploy",
         description="Plan, render and deploy vLLM services (ERNIE-4.5 or any Hugging Face model) on GPU hosts.",
-        epilog="Exit codes: 0 ok · 1 a plan has errors · 2 bad input or usage · 130 interrupted.",
+        epilog="Exit codes: 0 ok · 1 a plan has errors · 2 a host failed · 4 a host unreachable · 5 bad input or "
+               "usage · 6 a deploy lock is held · 130 interrupted.",
     )
     parser.add_argument("--version", action="version", version=f"ernie-deploy {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="-v shows info findings; -vvv prints tracebacks of errors")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     p = sub.add_parser("plan", help="validate and explain the plan of every host (touches no host)",
                        description="Match each host to the recommended-config table, validate the result the "
@@ -87,8 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vars", action="store_true", help="with --graph: show variables")
     p.set_defaults(func=cmd_inventory)
 
-    from ernie_deploy.lab.cli import register as register_lab
-
+    register_remote(sub, _common)
     register_lab(sub)
     return parser
 

@@ -41,3 +41,40 @@ def status(message: str) -> Iterator[None]:
     else:
         err.print(message)
         yield
+
+
+class HostProgress:
+    """Live per-host status on stderr while long multi-host work runs (plain lines when not a terminal)."""
+
+    def __init__(self, title: str) -> None:
+        import threading
+
+        from rich.live import Live
+
+        self.title = title
+        self.state: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._live = Live(console=err, refresh_per_second=8, transient=True) if err.is_terminal else None
+
+    def _render(self) -> Table:
+        t = Table(title=self.title, title_justify="left", show_header=False, box=None)
+        for host, what in self.state.items():
+            t.add_row(host, what)
+        return t
+
+    def update(self, host: str, what: str) -> None:
+        with self._lock:
+            self.state[host] = what
+            if self._live is not None:
+                self._live.update(self._render())
+            else:
+                err.print(f"{host}: {what}", markup=False)
+
+    def __enter__(self) -> HostProgress:
+        if self._live is not None:
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.__exit__(None, None, None)

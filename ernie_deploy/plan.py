@@ -4,9 +4,8 @@ beyond reading the local data files and model configs it is pointed at."""
 from __future__ import annotations
 
 import posixpath
-from dataclasses import replace
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 

@@ -64,7 +64,7 @@ def test_explain_shows_sources(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_explain_unknown_host(capsys: pytest.CaptureFixture[str]) -> None:
     rc, _, err = run(capsys, "explain", "-i", EXAMPLE, "nope")
-    assert rc == 2 and "no host 'nope' in the inventory" in err
+    assert rc == 5 and "no host 'nope' in the inventory" in err
 
 
 def test_secrets_never_in_plan_output(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -83,7 +83,7 @@ def test_malformed_inventory_names_file_and_line(capsys: pytest.CaptureFixture[s
     inv = tmp_path / "inv.yml"
     inv.write_text("all:\n  hosts:\n    h: {gpu_model: A10\n  vars: [\n")
     rc, out, err = run(capsys, "plan", "-i", str(inv))
-    assert rc == 2 and out == ""
+    assert rc == 5 and out == ""
     assert str(inv) in err and ":" in err.split(str(inv))[1][:3]
 
 
@@ -91,7 +91,7 @@ def test_bad_table_is_input_error(capsys: pytest.CaptureFixture[str], tmp_path: 
     table = tmp_path / "t.yml"
     table.write_text("rows: {}\n")
     rc, _, err = run(capsys, "plan", "-i", EXAMPLE, "--table", str(table))
-    assert rc == 2 and "rows: expected list" in err
+    assert rc == 5 and "rows: expected list" in err
 
 
 def test_render_json_and_no_partial_host(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

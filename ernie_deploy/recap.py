@@ -1,0 +1,47 @@
+"""Human output of multi-host runs: per-host results and Ansible's PLAY RECAP."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ernie_deploy import console
+from ernie_deploy.report import STYLE
+from ernie_deploy.results import HostResult, Status, recap_counts
+
+COLOUR = {Status.OK: "green", Status.CHANGED: "yellow", Status.FAILED: "bold red", Status.UNREACHABLE: "bold red",
+          Status.SKIPPED: "cyan", Status.LOCKED: "bold magenta"}
+
+
+def show_results(results: Sequence[HostResult], verbose: int = 0) -> None:
+    for r in results:
+        console.out.print(f"[{COLOUR[r.status]}]{r.status.value}[/]: [bold]{r.host}[/] ({r.seconds:.1f}s) "
+                          f"{r.message}", markup=True, highlight=False)
+        if r.hint:
+            console.out.print(f"    fix: {r.hint}", markup=False)
+        for f in r.findings:
+            console.out.print(f"    [{STYLE[f.severity]}]{f.severity.value}[/] [{f.code}] {f.message}", markup=True)
+            if f.fix:
+                console.out.print(f"      fix: {f.fix}", markup=False)
+        for path in r.changed_files:
+            console.out.print(f"    changed: {path}", markup=False)
+        for unit in r.restarted + r.started:
+            verb = "restart" if unit in r.restarted else "start"
+            console.out.print(f"    {verb}: {unit} ({r.reasons.get(unit, '')})", markup=False)
+        for unit in r.pruned:
+            console.out.print(f"    prune: {unit}", markup=False)
+        for diff in r.diffs:
+            console.out.print(diff, markup=False, highlight=False)
+        for line in r.evidence:
+            console.out.print(f"    | {line}", markup=False)
+        if verbose:
+            console.out.print(f"    remote commands: {r.commands} ({', '.join(r.command_log)})", markup=False)
+
+
+def show_recap(results: Sequence[HostResult]) -> None:
+    """Ansible's PLAY RECAP layout, so eyes and scripts used to it read it at once."""
+    console.out.print("\nPLAY RECAP " + "*" * 69, markup=False)
+    for r in results:
+        c = recap_counts(r)
+        console.out.print(f"{r.host:<26} : ok={c['ok']:<4} changed={c['changed']:<4} "
+                          f"unreachable={c['unreachable']:<4} failed={c['failed']:<4} skipped={c['skipped']:<4}",
+                          markup=False, highlight=False)

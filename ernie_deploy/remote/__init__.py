@@ -1,0 +1,1 @@
+"""Everything that talks to hosts: the one SSH factory, facts, converge, locks."""

@@ -1,0 +1,188 @@
+"""Facts: one shell script that gathers everything in a single round trip, and a pure parser of its output.
+
+Sections are delimited by marker lines so one command's failure (no nvidia-smi, no model) is a fact,
+not a failed gather.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from ernie_deploy.render import ENV_DIR, UNIT_DIR
+
+MARK = "@@ernie-deploy:"
+UNIT_GLOB = "ernie-vllm-*.service"
+UNIT_PROPS = ("Id", "LoadState", "ActiveState", "SubState", "MainPID", "InvocationID", "NRestarts",
+              "ExecMainStartTimestampMonotonic", "UnitFileState")
+LOCK_DIR = "/var/lib/ernie-deploy/lock"
+
+
+def gather_script(model_path: str, vllm_bin: str) -> str:
+    """The facts script. Paths are quoted; nothing secret is read into the output (env files: hashes only)."""
+    q = shlex.quote
+    props = ",".join(UNIT_PROPS)
+    return f"""
+m() {{ printf '\\n{MARK}%s\\n' "$1"; }}
+m gpus
+nvidia-smi --query-gpu=index,name,uuid,memory.total,driver_version --format=csv,noheader,nounits 2>&1; echo "rc=$?"
+m topo; nvidia-smi topo -m 2>&1
+m systemd; systemctl --version 2>&1 | head -n 1
+m files
+for f in {UNIT_DIR}/{UNIT_GLOB} {ENV_DIR}/ernie-vllm-*.env; do [ -f "$f" ] && sha256sum "$f"; done
+m units
+for f in {UNIT_DIR}/{UNIT_GLOB}; do [ -f "$f" ] && systemctl show --no-pager -p {props} "${{f##*/}}" && echo; done
+m model; cat {q(model_path.rstrip('/') + '/config.json')} 2>&1; echo; echo "rc=$?"
+m vllm; {q(vllm_bin)} --version 2>&1; echo "rc=$?"
+m lock; cat {LOCK_DIR}/info 2>/dev/null
+m end
+"""
+
+
+@dataclass(frozen=True)
+class GpuFact:
+    index: int
+    name: str
+    uuid: str
+    memory_mib: int
+    driver: str
+
+
+@dataclass(frozen=True)
+class UnitFact:
+    name: str
+    load_state: str
+    active_state: str
+    sub_state: str
+    main_pid: int
+    invocation_id: str
+    n_restarts: int
+    started_monotonic: int  # ExecMainStartTimestampMonotonic, µs; changes on every (re)start
+    unit_file_state: str
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    gpus: tuple[GpuFact, ...] = ()
+    gpu_error: str | None = None
+    nvlink: bool | None = None
+    systemd_version: int | None = None
+    files: dict[str, str] = field(default_factory=dict)  # path → sha256
+    units: dict[str, UnitFact] = field(default_factory=dict)
+    model_config: dict[str, Any] | None = None
+    model_error: str | None = None
+    vllm_version: str | None = None
+    vllm_error: str | None = None
+    lock_info: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "gpus": [g.__dict__ for g in self.gpus], "gpu_error": self.gpu_error, "nvlink": self.nvlink,
+            "systemd_version": self.systemd_version, "files": self.files,
+            "units": {k: u.__dict__ for k, u in self.units.items()},
+            "model_architecture": (self.model_config or {}).get("architectures"), "model_error": self.model_error,
+            "vllm_version": self.vllm_version, "vllm_error": self.vllm_error, "lock": self.lock_info,
+        }
+
+
+def _sections(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    name = None
+    lines: list[str] = []
+    for line in text.splitlines():
+        if line.startswith(MARK):
+            if name:
+                out[name] = "\n".join(lines).strip("\n")
+            name, lines = line[len(MARK):].strip(), []
+        elif name:
+            lines.append(line)
+    return out
+
+
+def _rc(body: str) -> tuple[str, int]:
+    """Split off the trailing `rc=N` line the script adds after commands whose failure is a fact."""
+    lines = body.rstrip("\n").splitlines()
+    if lines and lines[-1].startswith("rc="):
+        return "\n".join(lines[:-1]).strip(), int(lines[-1][3:] or 1)
+    return body.strip(), 0
+
+
+def parse_gpus(body: str) -> tuple[tuple[GpuFact, ...], str | None]:
+    text, rc = _rc(body)
+    if rc != 0:
+        return (), text.splitlines()[-1] if text else f"nvidia-smi exited {rc}"
+    gpus = []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 5 or not parts[0].isdigit():
+            return (), f"unexpected nvidia-smi output: {line!r}"
+        gpus.append(GpuFact(int(parts[0]), parts[1], parts[2], int(float(parts[3])), parts[4]))
+    return tuple(gpus), None
+
+
+def parse_topology(body: str) -> bool | None:
+    """True when every GPU pair is joined by NVLink (NV#), False when any pair is PCIe only."""
+    rows = [line.split() for line in body.splitlines() if re.match(r"^GPU\d+\s", line)]
+    if not rows:
+        return None
+    n = len(rows)
+    links = [cell for i, row in enumerate(rows) for j, cell in enumerate(row[1:n + 1]) if i != j]
+    if not links:
+        return None  # a single GPU has no links to judge
+    return all(re.fullmatch(r"NV\d+", cell) for cell in links)
+
+
+def _num(props: dict[str, str], key: str) -> int:
+    value = props.get(key, "")
+    return int(value) if value.isdigit() else 0
+
+
+def parse_units(body: str) -> dict[str, UnitFact]:
+    units = {}
+    for block in re.split(r"\n\s*\n", body.strip()):
+        props = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+        if "Id" not in props:
+            continue
+
+        units[props["Id"]] = UnitFact(
+            name=props["Id"], load_state=props.get("LoadState", ""), active_state=props.get("ActiveState", ""),
+            sub_state=props.get("SubState", ""), main_pid=_num(props, "MainPID"),
+            invocation_id=props.get("InvocationID", ""),
+            n_restarts=_num(props, "NRestarts"), started_monotonic=_num(props, "ExecMainStartTimestampMonotonic"),
+            unit_file_state=props.get("UnitFileState", ""))
+    return units
+
+
+def parse_facts(text: str) -> HostFacts:
+    s = _sections(text)
+    gpus, gpu_error = parse_gpus(s.get("gpus", "rc=127"))
+    files = {}
+    for line in s.get("files", "").splitlines():
+        digest, _, path = line.partition("  ")
+        if len(digest) == 64 and path:
+            files[path] = digest
+    model_text, model_rc = _rc(s.get("model", "rc=1"))
+    model_config, model_error = None, None
+    if model_rc == 0:
+        try:
+            model_config = json.loads(model_text)
+        except json.JSONDecodeError as exc:
+            model_error = f"config.json is not valid JSON: {exc.msg} (line {exc.lineno})"
+    else:
+        model_error = model_text.splitlines()[-1] if model_text else "config.json not readable"
+    vllm_text, vllm_rc = _rc(s.get("vllm", "rc=127"))
+    version = None
+    if vllm_rc == 0:
+        found = re.search(r"(\d+\.\d+(?:\.\d+)*)", vllm_text)
+        version = found.group(1) if found else None
+    systemd = re.match(r"systemd (\d+)", s.get("systemd", ""))
+    return HostFacts(
+        gpus=gpus, gpu_error=gpu_error, nvlink=parse_topology(s.get("topo", "")),
+        systemd_version=int(systemd.group(1)) if systemd else None, files=files, units=parse_units(s.get("units", "")),
+        model_config=model_config, model_error=model_error, vllm_version=version,
+        vllm_error=None if version else (vllm_text.splitlines()[-1] if vllm_text else "vllm not runnable"),
+        lock_info=s.get("lock") or None,
+    )

@@ -1,0 +1,74 @@
+"""The deploy lock on each host: an atomic `mkdir` plus a details file, released in `finally`.
+
+A second deploy finds the directory and gets the holder's details; `--lock-wait` retries the same
+atomic step. The token makes the lock re-entrant for one run and lets `lock --break` name what it breaks.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import shlex
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+
+LOCK_ROOT = "/var/lib/ernie-deploy"
+LOCK_DIR = f"{LOCK_ROOT}/lock"
+HELD_EXIT = 75  # EX_TEMPFAIL: the script's way of saying "someone else holds it"
+
+
+@dataclass(frozen=True)
+class LockInfo:
+    token: str
+    user: str
+    controller: str
+    pid: int
+    command: str
+    since: float
+
+    @classmethod
+    def mine(cls, command: str) -> LockInfo:
+        return cls(uuid.uuid4().hex, getpass.getuser(), socket.gethostname(), os.getpid(), command, time.time())
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, sort_keys=True)
+
+    def describe(self) -> str:
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.since))
+        return f"held by {self.user}@{self.controller} (pid {self.pid}) since {when}: {self.command}"
+
+
+def parse_info(text: str | None) -> LockInfo | None:
+    if not text:
+        return None
+    try:
+        data = json.loads(text)
+        return LockInfo(str(data["token"]), str(data["user"]), str(data["controller"]), int(data["pid"]),
+                        str(data["command"]), float(data["since"]))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def acquire_script(info: LockInfo) -> str:
+    """Take the lock (or find it is ours already); exit HELD_EXIT with the holder's details otherwise."""
+    q = shlex.quote
+    return f"""
+mkdir -p {LOCK_ROOT} && chmod 0755 {LOCK_ROOT}
+if mkdir {LOCK_DIR} 2>/dev/null; then
+  printf '%s\\n' {q(info.to_json())} > {LOCK_DIR}/info.tmp && mv -f {LOCK_DIR}/info.tmp {LOCK_DIR}/info
+elif ! grep -q {q(info.token)} {LOCK_DIR}/info 2>/dev/null; then
+  echo "@@ernie-deploy:lock-held"; cat {LOCK_DIR}/info 2>/dev/null; exit {HELD_EXIT}
+fi
+"""
+
+
+def release_script(token: str) -> str:
+    q = shlex.quote
+    return f"if grep -q {q(token)} {LOCK_DIR}/info 2>/dev/null; then rm -rf {LOCK_DIR}; fi"
+
+
+BREAK_SCRIPT = f"cat {LOCK_DIR}/info 2>/dev/null; rm -rf {LOCK_DIR}"
+SHOW_SCRIPT = f"cat {LOCK_DIR}/info 2>/dev/null || true"

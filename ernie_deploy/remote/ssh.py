@@ -1,0 +1,235 @@
+"""The one door to the network: every SSH connection is made here.
+
+Host keys are checked strictly by default against the user's ~/.ssh/known_hosts plus any known_hosts
+file the inventory (`ernie_known_hosts`) or CLI names. fabric's Connection would silently add unknown
+keys (it installs paramiko's AutoAddPolicy); we replace that policy before connecting. `accept-new`
+(OpenSSH's meaning: record unknown keys, still refuse changed ones) is opt-in and logged.
+
+Commands run as `sh -c SCRIPT` (or `sudo -n sh -c SCRIPT` with become); data, secrets included,
+travels on stdin, never on a command line.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import shlex
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import paramiko
+from fabric import Config, Connection
+
+from ernie_deploy.errors import DeployError
+
+log = logging.getLogger(__name__)
+
+
+class HostKeyPolicy(Enum):
+    STRICT = "strict"
+    ACCEPT_NEW = "accept-new"
+
+
+class Failure(Enum):
+    UNREACHABLE = "unreachable"
+    AUTH = "authentication failed"
+    HOST_KEY = "host key refused"
+    COMMAND = "command failed"
+
+
+class RemoteError(DeployError):
+    """A per-host failure, classified so results and exit codes can tell them apart."""
+
+    def __init__(self, kind: Failure, message: str, *, where: str, hint: str | None = None) -> None:
+        super().__init__(f"{kind.value}: {message}", where=where, hint=hint)
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where and how to reach one inventory host."""
+
+    name: str
+    address: str
+    port: int = 22
+    user: str | None = None
+    key_file: str | None = None
+    known_hosts: tuple[str, ...] = ()
+    become: bool = False
+
+    @classmethod
+    def from_host(cls, name: str, address: str, port: int, user: str | None, host_vars: Mapping[str, Any],
+                  extra_known_hosts: Sequence[str] = ()) -> Target:
+        files = [str(host_vars["ernie_known_hosts"])] if host_vars.get("ernie_known_hosts") else []
+        become = bool(host_vars.get("ansible_become", False)) or (user not in (None, "root"))
+        return cls(name=name, address=address, port=port, user=user,
+                   key_file=host_vars.get("ansible_ssh_private_key_file"),
+                   known_hosts=tuple(files) + tuple(extra_known_hosts), become=become)
+
+
+@dataclass
+class RunResult:
+    command: str
+    code: int
+    stdout: bytes
+    stderr: bytes
+
+    @property
+    def text(self) -> str:
+        return self.stdout.decode(errors="replace")
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    """OpenSSH's SHA256 fingerprint, as `ssh-keygen -lf` prints it."""
+    digest = base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
+    return f"{key.get_name()} SHA256:{digest}"
+
+
+def _known_host_name(address: str, port: int) -> str:
+    return address if port == 22 else f"[{address}]:{port}"
+
+
+class _Strict(paramiko.MissingHostKeyPolicy):
+    def __init__(self, target: Target) -> None:
+        self.target = target
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        t = self.target
+        files = ", ".join(t.known_hosts) or "~/.ssh/known_hosts"
+        raise RemoteError(
+            Failure.HOST_KEY, f"unknown host key for {t.address}:{t.port}, offered {fingerprint(key)}", where=t.name,
+            hint=(f"check the fingerprint out of band, then add it: ssh-keyscan -p {t.port} {t.address} >> "
+                  f"{t.known_hosts[0] if t.known_hosts else '~/.ssh/known_hosts'} (known_hosts read: {files}); "
+                  "or rerun with --host-key-policy accept-new"))
+
+
+class _AcceptNew(paramiko.MissingHostKeyPolicy):
+    """Record an unknown key in the first known_hosts file; changed keys still fail (paramiko raises)."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        t = self.target
+        path = Path(t.known_hosts[0] if t.known_hosts else "~/.ssh/known_hosts").expanduser()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8") as fh:
+            fh.write(f"{_known_host_name(t.address, t.port)} {key.get_name()} {key.get_base64()}\n")
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        log.warning("%s: accept-new recorded host key %s in %s", t.name, fingerprint(key), path)
+
+
+@dataclass
+class Session:
+    """An open SSH connection to one host; counts the commands it runs (-v prints the count)."""
+
+    target: Target
+    connection: Connection
+    commands: int = 0
+    seconds: float = 0.0
+    history: list[str] = field(default_factory=list)
+
+    def run(self, script: str, *, stdin: bytes = b"", timeout: float = 120.0, check: bool = True,
+            label: str | None = None) -> RunResult:
+        """Run a shell script on the host (as root via `sudo -n` when the target needs become)."""
+        command = f"sh -c {shlex.quote(script)}"
+        if self.target.become:
+            command = f"sudo -n -- {command}"
+        self.commands += 1
+        self.history.append(label or script.split("\n", 1)[0][:60])
+        started = time.monotonic()
+        try:
+            chan_in, chan_out, chan_err = self.connection.client.exec_command(command, timeout=timeout)
+            if stdin:
+                chan_in.write(stdin)
+            chan_in.channel.shutdown_write()
+            out = chan_out.read()
+            err = chan_err.read()
+            code = chan_out.channel.recv_exit_status()
+        except (TimeoutError, paramiko.SSHException, OSError) as exc:
+            raise RemoteError(Failure.UNREACHABLE, f"connection lost while running {label or 'a command'}: {exc}",
+                              where=self.target.name) from exc
+        finally:
+            self.seconds += time.monotonic() - started
+        result = RunResult(label or script, code, out, err)
+        if check and code != 0:
+            tail = "\n".join(err.decode(errors="replace").strip().splitlines()[-5:])
+            hint = "the host's sudo needs NOPASSWD for this user" if "sudo:" in tail and "password" in tail else None
+            raise RemoteError(Failure.COMMAND, f"{label or 'command'} exited {code}: {tail or '(no stderr)'}",
+                              where=self.target.name, hint=hint)
+        return result
+
+    def close(self) -> None:
+        self.connection.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _prepare_client(client: paramiko.SSHClient, target: Target, policy: HostKeyPolicy) -> None:
+    default = Path("~/.ssh/known_hosts").expanduser()
+    if default.is_file():
+        client.load_host_keys(str(default))
+    for extra in target.known_hosts:
+        path = Path(extra).expanduser()
+        if path.is_file():
+            client.get_host_keys().load(str(path))
+    client.set_missing_host_key_policy(_AcceptNew(target) if policy is HostKeyPolicy.ACCEPT_NEW else _Strict(target))
+
+
+def connect(target: Target, *, policy: HostKeyPolicy = HostKeyPolicy.STRICT, timeout: float = 10.0,
+            retries: int = 2) -> Session:
+    """Open a session, retrying only unreachable hosts (bounded, with backoff)."""
+    attempt = 0
+    while True:
+        try:
+            return _connect_once(target, policy, timeout)
+        except RemoteError as exc:
+            if exc.kind is not Failure.UNREACHABLE or attempt >= retries:
+                raise
+            attempt += 1
+            time.sleep(min(0.5 * 2**attempt, 4.0))
+
+
+def _connect_once(target: Target, policy: HostKeyPolicy, timeout: float) -> Session:
+    connect_kwargs: dict[str, Any] = {"allow_agent": True, "look_for_keys": True, "banner_timeout": timeout,
+                                      "auth_timeout": timeout}
+    if target.key_file:
+        connect_kwargs["key_filename"] = [str(Path(target.key_file).expanduser())]
+    conn = Connection(target.address, user=target.user, port=target.port, connect_timeout=timeout,
+                      connect_kwargs=connect_kwargs, config=Config())
+    _prepare_client(conn.client, target, policy)
+    gateway = conn.gateway
+    if isinstance(gateway, Connection):  # ProxyJump from ~/.ssh/config: hold the jump host to the same rules
+        _prepare_client(gateway.client, Target(target.name + " (jump host)", gateway.host, gateway.port,
+                                               known_hosts=target.known_hosts), policy)
+    where = target.name
+    try:
+        conn.open()
+    except RemoteError:
+        raise
+    except paramiko.BadHostKeyException as exc:
+        files = ", ".join(target.known_hosts) or "~/.ssh/known_hosts"
+        raise RemoteError(
+            Failure.HOST_KEY,
+            f"host key for {target.address}:{target.port} CHANGED: offered {fingerprint(exc.key)}, "
+            f"known {fingerprint(exc.expected_key)}", where=where,
+            hint=(f"if {target.name} was reinstalled, verify the new key and replace the old one "
+                  f"(ssh-keygen -R {_known_host_name(target.address, target.port)} -f FILE; known_hosts read: "
+                  f"{files}); otherwise someone may be intercepting the connection")) from exc
+    except paramiko.AuthenticationException as exc:
+        raise RemoteError(Failure.AUTH, f"{target.user or 'default user'}@{target.address}: {exc}", where=where,
+                          hint="check ansible_user and ansible_ssh_private_key_file, or load the key into "
+                               "ssh-agent") from exc
+    except (TimeoutError, OSError, paramiko.SSHException, EOFError) as exc:
+        raise RemoteError(Failure.UNREACHABLE, f"{target.address}:{target.port}: {exc or type(exc).__name__}",
+                          where=where, hint="check that the host is up and sshd listens there") from exc
+    return Session(target, conn)
