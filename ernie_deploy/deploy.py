@@ -91,9 +91,6 @@ class Runner:
                 for future in as_completed(futures):
                     result = future.result()
                     results[result.host] = result
-                    if self.options.any_errors_fatal and result.status in (Status.FAILED, Status.UNREACHABLE,
-                                                                          Status.LOCKED):
-                        self.abort.set()
             except KeyboardInterrupt:
                 self.abort.set()
                 raise
@@ -116,6 +113,9 @@ class Runner:
             result.status, result.message, result.hint = Status.FAILED, exc.message, exc.hint
         finally:
             result.seconds = time.monotonic() - started
+            # Set by the worker itself, so a free worker cannot pick up the next host first.
+            if self.options.any_errors_fatal and result.status in (Status.FAILED, Status.UNREACHABLE, Status.LOCKED):
+                self.abort.set()
         return result
 
     def _host(self, host: HostLike, result: HostResult) -> None:
@@ -179,8 +179,9 @@ class Runner:
         result.restarted, result.started = list(changes.restart), list(changes.start)
         result.enabled, result.pruned, result.reasons = list(changes.enable), list(changes.prune), changes.reasons
         if opts.diff and changes.files:
-            old = converge.parse_read(session.run(converge.read_script(result.changed_files),
-                                                  label="read files for --diff").text)
+            existing = [c.path for c in changes.files if c.old_sha256]
+            old = converge.parse_read(session.run(converge.read_script(existing), label="read files for --diff").text
+                                      ) if existing else {}
             by_path = {f.path: f for f in files}
             result.diffs = [converge.unified_diff(c.path, old.get(c.path) if c.old_sha256 else None,
                                                   by_path[c.path].content, c.secret) for c in changes.files]

@@ -35,7 +35,7 @@ m files
 for f in {UNIT_DIR}/{UNIT_GLOB} {ENV_DIR}/ernie-vllm-*.env; do [ -f "$f" ] && sha256sum "$f"; done
 m units
 for f in {UNIT_DIR}/{UNIT_GLOB}; do [ -f "$f" ] && systemctl show --no-pager -p {props} "${{f##*/}}" && echo; done
-m model; cat {q(model_path.rstrip('/') + '/config.json')} 2>&1; echo; echo "rc=$?"
+m model; cat {q(model_path.rstrip('/') + '/config.json')} 2>&1; rc=$?; echo; echo "rc=$rc"
 m vllm; {q(vllm_bin)} --version 2>&1; echo "rc=$?"
 m lock; cat {LOCK_DIR}/info 2>/dev/null
 m end

@@ -1,0 +1,108 @@
+"""`ernie-deploy lab up|status|down`: thin commands over ernie_deploy.lab.lab.Lab."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ernie_deploy import console
+from ernie_deploy.lab.lab import Lab
+from ernie_deploy.lab.spec import load_spec
+from ernie_deploy.lab.state import LabState
+
+_DESCRIPTION = (
+    "The rehearsal lab: one systemd-nspawn container per simulated GPU host, each with real systemd, "
+    "journald and sshd on its own loopback address (127.0.0.N:22), a simulated nvidia-smi and a simulated "
+    "`vllm serve`. No GPU and no real vLLM. Needs root. State lives in ./.lab (or $ERNIE_LAB_DIR); the "
+    "root file system is cached in /var/cache/ernie-deploy (or $ERNIE_LAB_CACHE). See docs/lab.md."
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add `lab` and its subcommands to the top-level CLI."""
+    lab = subparsers.add_parser("lab", help="boot, inspect or stop the local rehearsal lab (needs root)",
+                                description=_DESCRIPTION)
+    sub = lab.add_subparsers(dest="lab_command", required=True, metavar="SUBCOMMAND")
+
+    p = sub.add_parser("up", help="build (once) and boot the lab hosts; write an inventory for them",
+                       description="Boot every host of the spec and wait until each accepts a strict SSH "
+                                   "login. The first run builds a Debian root file system with debootstrap "
+                                   "(about a minute); later runs reuse it. If the same lab is already "
+                                   "running this only copies the current simulators into it; leftovers of a crashed "
+                                   "lab are cleaned first.")
+    p.add_argument("--spec", type=Path, metavar="FILE",
+                   help="lab spec YAML (default: the bundled four-host lab, ernie_deploy/data/lab-default.yml)")
+    p.add_argument("--inventory-out", type=Path, metavar="PATH",
+                   help="where to write the Ansible inventory of the lab hosts (default: <lab dir>/inventory.yml)")
+    p.add_argument("--json", action="store_true", help="print the lab's hosts, paths and timings as JSON")
+    p.set_defaults(func=cmd_up)
+
+    p = sub.add_parser("status", help="show each lab host, its address, state and simulated GPUs",
+                       description="States: ssh-ready (sshd answers a strict login), running (container up, "
+                                   "sshd not answering), stopped (container gone).")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("down", help="stop every lab container and remove its trees, keys and state",
+                       description="Power off each container this lab started (SIGTERM to its nspawn, "
+                                   "SIGKILL after 20 s), unmount and delete the host trees, the keys, "
+                                   "known_hosts, inventory and state. The cached root file system stays.")
+    p.set_defaults(func=cmd_down)
+
+
+def _lab() -> Lab:
+    return Lab(progress=lambda message: console.err.print(message, markup=False, highlight=False))
+
+
+def _state_json(state: LabState) -> dict[str, object]:
+    return {
+        "dir": state.dir,
+        "inventory": state.inventory,
+        "key": state.key,
+        "known_hosts": state.known_hosts,
+        "rootfs": state.rootfs,
+        "build_seconds": state.build_seconds,
+        "ready_seconds": state.ready_seconds,
+        "hosts": [{"name": h.name, "address": h.address, "pid": h.pid, "gpus": h.gpus} for h in state.hosts],
+    }
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    spec = load_spec(args.spec)
+    lab = _lab()
+    with console.status(f"lab up: {len(spec.hosts)} hosts from {spec.source}"):
+        state = lab.up(spec, inventory_out=args.inventory_out)
+    if args.json:
+        console.print_json(_state_json(state))
+        return 0
+    console.table(None, ["host", "address", "GPUs"],
+                  [(h.name, h.address, f"{h.gpu_count}× {h.gpu_model}") for h in state.hosts])
+    console.out.print(f"inventory: {state.inventory}", markup=False, highlight=False)
+    console.out.print(f"ssh: ssh -i {state.key} -o UserKnownHostsFile={state.known_hosts} "
+                      f"root@{state.hosts[0].address}", markup=False, highlight=False)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    lab = _lab()
+    statuses = lab.status()
+    if args.json:
+        console.print_json({"dir": str(lab.dir), "running": bool(statuses),
+                            "hosts": [s.__dict__ for s in statuses]})
+        return 0
+    if not statuses:
+        console.out.print(f"no lab is running here ({lab.dir})", markup=False, highlight=False)
+        return 0
+    console.table(f"lab in {lab.dir}", ["host", "address", "state", "pid", "GPUs"],
+                  [(s.name, s.address, s.state, s.pid or "-", f"{s.gpu_count}× {s.gpu_model}")
+                   for s in statuses])
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    lab = _lab()
+    if lab.down():
+        console.out.print("lab stopped and removed", markup=False, highlight=False)
+    else:
+        console.out.print(f"no lab was running here ({lab.dir})", markup=False, highlight=False)
+    return 0

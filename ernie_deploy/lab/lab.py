@@ -1,0 +1,278 @@
+"""The rehearsal lab as a Python API: `Lab().up(spec)`, `.status()`, `.ssh(host, cmd)`, `.down()`.
+
+`up` on a lab that is already running with the same spec and reachable hosts returns the running lab
+after copying the current simulators into it (nothing else changes); with a different spec it refuses
+(run `down` first). Leftovers of a lab that crashed (dead PIDs, containers whose nspawn died, mounted
+machine trees, stale state) are cleaned up before a new boot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ernie_deploy.errors import DeployError
+from ernie_deploy.lab import access, containers, machine, rootfs
+from ernie_deploy.lab.spec import LabSpec, load_spec
+from ernie_deploy.lab.state import HostState, LabState, load_state, state_dir
+
+Progress = Callable[[str], None]
+# Generous: 16 hosts boot in a few seconds on 2 cores, but a loaded CI machine can be much slower.
+READY_TIMEOUT_BASE_S = 90.0
+READY_TIMEOUT_PER_HOST_S = 5.0
+
+
+@dataclass(frozen=True)
+class HostStatus:
+    name: str
+    address: str
+    state: str  # "ssh-ready", "running" (container up, sshd not answering) or "stopped"
+    pid: int | None
+    gpu_model: str
+    gpu_count: int
+
+
+def _quiet(_message: str) -> None:
+    return None
+
+
+def preflight() -> None:
+    """Refuse early, with the fix, on machines that cannot run the lab at all."""
+    if os.geteuid() != 0:
+        raise DeployError("the lab needs root (it mounts file systems and boots containers)",
+                          hint="run as root, e.g. sudo ernie-deploy lab up")
+    missing = [tool for tool in ("systemd-nspawn", "ssh", "ssh-keygen", "mount") if shutil.which(tool) is None]
+    if missing:
+        raise DeployError(f"missing tools: {', '.join(missing)}",
+                          hint="apt-get install systemd-container debootstrap openssh-client")
+
+
+class Lab:
+    """One lab, identified by its state directory (default `.lab/`, or $ERNIE_LAB_DIR)."""
+
+    def __init__(self, directory: Path | None = None, progress: Progress | None = None) -> None:
+        self.dir = (directory or state_dir()).resolve()
+        self.progress = progress or _quiet
+
+    @property
+    def state(self) -> LabState | None:
+        return load_state(self.dir)
+
+    def require_state(self) -> LabState:
+        state = self.state
+        if state is None:
+            raise DeployError("no lab is running here", where=str(self.dir), hint="run `ernie-deploy lab up`")
+        return state
+
+    # -- up ------------------------------------------------------------------------------------------
+
+    def up(self, spec: LabSpec | None = None, inventory_out: Path | None = None) -> LabState:
+        """Boot every host of `spec` (default: the bundled four-host lab) and wait until all are SSH-ready."""
+        preflight()
+        spec = spec or load_spec()
+        started = time.monotonic()
+        wanted = [asdict(h) for h in spec.hosts]
+        previous = self.state
+        if previous is not None:
+            same = previous.spec_hosts == wanted
+            # ready_seconds is saved only by an `up` that finished; anything else is a crashed boot.
+            if same and previous.ready_seconds is not None and self._healthy(previous):
+                # The one thing refreshed in place: simulator edits reach running hosts without a reboot.
+                for h in previous.hosts:
+                    machine.install_simulators(h.root)
+                self.progress(f"the lab is already running ({len(previous.hosts)} hosts); "
+                              "simulators refreshed, nothing else to do")
+                if inventory_out is not None and Path(previous.inventory) != inventory_out.resolve():
+                    self._write_inventory(previous, spec, inventory_out.resolve())
+                    previous.save()
+                return previous
+            alive = sum(1 for h in previous.hosts if h.pid and containers.is_ours(h.pid, h.root))
+            if not same and alive:
+                raise DeployError(
+                    f"a different lab is already running here ({len(previous.hosts)} hosts from "
+                    f"{previous.spec_source})", where=str(self.dir), hint="run `ernie-deploy lab down` first")
+            self.progress(f"cleaning up a lab that is not healthy ({alive} of {len(previous.hosts)} "
+                          "containers still running); booting it again")
+            self._teardown(previous)
+        self._clean_leftovers(spec)
+        self._check_addresses_free(spec)
+
+        base, build_s = rootfs.ensure_rootfs(self.progress)
+        if build_s is not None:
+            self.progress(f"root file system built in {build_s:.1f} s and cached at {base}")
+        (self.dir / "logs").mkdir(parents=True, exist_ok=True)
+        key = self.dir / "id_ed25519"
+        public_key = access.ensure_key(key)
+        state = LabState(
+            dir=str(self.dir), spec_source=spec.source, spec_hosts=wanted, rootfs=str(base), key=str(key),
+            known_hosts=str(self.dir / "known_hosts"), inventory="", hosts=[], started_at=time.time(),
+            build_seconds=build_s,
+        )
+        try:
+            self._boot(state, spec, base, public_key)
+            self._write_inventory(state, spec, (inventory_out or self.dir / "inventory.yml").resolve())
+            state.ready_seconds = self._wait_ready(state)
+        except BaseException:
+            self.progress("lab up failed; stopping what it started (logs kept in " f"{self.dir / 'logs'})")
+            self._teardown(state, keep_logs=True)
+            raise
+        state.save()
+        total = time.monotonic() - started
+        self.progress(f"{len(state.hosts)} hosts SSH-ready {state.ready_seconds:.1f} s after boot "
+                      f"(lab up took {total:.1f} s in all)")
+        return state
+
+    def _boot(self, state: LabState, spec: LabSpec, base: Path, public_key: str) -> None:
+        host_keys: dict[str, str] = {}
+        self.progress(f"preparing {len(spec.hosts)} hosts")
+        for host in spec.hosts:
+            machine_dir = self.dir / "machines" / host.name
+            hs = HostState(
+                name=host.name, address=host.address, gpu_model=host.gpu_model, gpu_count=host.gpu_count,
+                gpus=[g.to_json() for g in host.gpus], machine_dir=str(machine_dir), mode="",
+                cgroups=[str(d) for d in containers.cgroup_dirs(self.dir, host.name)],
+                log=str(self.dir / "logs" / f"{host.name}.log"),
+            )
+            state.hosts.append(hs)
+            state.save()  # record the machine dir before mounting, so a crash right after can be cleaned
+            hs.mode = machine.create_root(base, machine_dir)
+            host_keys[host.address] = machine.provision(hs.root, host, public_key)
+        access.write_known_hosts(Path(state.known_hosts), host_keys)
+        self.progress(f"booting {len(spec.hosts)} containers")
+        for hs in state.hosts:
+            Path(hs.log).write_bytes(b"")
+            hs.pid = containers.start(hs.name, hs.root, Path(hs.log), [Path(c) for c in hs.cgroups])
+            state.save()
+
+    def _wait_ready(self, state: LabState) -> float:
+        boot_started = time.monotonic()
+        deadline = boot_started + READY_TIMEOUT_BASE_S + READY_TIMEOUT_PER_HOST_S * len(state.hosts)
+        key, known = Path(state.key), Path(state.known_hosts)
+        # On Ctrl-C the pollers must stop at once, or the teardown would wait for the full deadline.
+        cancel = threading.Event()
+        pool = ThreadPoolExecutor(max_workers=min(16, len(state.hosts)))
+        try:
+            futures = [pool.submit(access.wait_ssh, h.address, key, known, deadline, cancel) for h in state.hosts]
+            ready = [f.result() for f in futures]
+        finally:
+            cancel.set()
+            pool.shutdown(wait=True, cancel_futures=True)
+        failed = [h for h, ok in zip(state.hosts, ready, strict=True) if not ok]
+        if failed:
+            h = failed[0]
+            alive = h.pid is not None and containers.is_ours(h.pid, h.root)
+            tail = "\n".join(Path(h.log).read_text(errors="replace").splitlines()[-20:])
+            raise DeployError(
+                f"{len(failed)} of {len(state.hosts)} hosts not SSH-ready in time "
+                f"({', '.join(f.name for f in failed)}); {h.name}'s container is "
+                f"{'running' if alive else 'gone'}; its log ends:\n{tail}",
+                where=h.log, hint="see docs/lab.md, Troubleshooting")
+        return time.monotonic() - boot_started
+
+    def _write_inventory(self, state: LabState, spec: LabSpec, path: Path) -> None:
+        access.write_inventory(path, access.inventory(spec.hosts, Path(state.key), Path(state.known_hosts)))
+        state.inventory = str(path)
+
+    # -- leftovers -------------------------------------------------------------------------------------
+
+    def _healthy(self, state: LabState) -> bool:
+        return all(s.state == "ssh-ready" for s in self._statuses(state, wait_s=10.0))
+
+    def _clean_leftovers(self, spec: LabSpec) -> None:
+        """Machine trees and cgroups that no state file mentions (e.g. the state file was deleted)."""
+        machines = self.dir / "machines"
+        if machines.is_dir():
+            for d in machines.iterdir():
+                machine.remove_machine(d)
+        for host in spec.hosts:
+            dirs = [str(d) for d in containers.cgroup_dirs(self.dir, host.name)]
+            containers.kill_cgroups(dirs)
+            containers.remove_cgroups(dirs)
+
+    def _check_addresses_free(self, spec: LabSpec) -> None:
+        for host in spec.hosts:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind((host.address, 22))
+                except OSError as exc:
+                    if exc.errno != errno.EADDRINUSE:
+                        raise
+                    raise DeployError(
+                        f"{host.address}:22 is already in use, so {host.name}'s sshd could not listen there",
+                        where=host.name,
+                        hint="another lab (other state dir?) or an sshd on 0.0.0.0:22 holds it; stop it, "
+                             "or set first_address in the spec") from exc
+
+    # -- down ------------------------------------------------------------------------------------------
+
+    def down(self) -> bool:
+        """Stop every container this lab started and remove its trees and state. False if none was up."""
+        state = self.state
+        if state is None:
+            if self.dir.is_dir() and (self.dir / "machines").is_dir():
+                for d in (self.dir / "machines").iterdir():
+                    machine.remove_machine(d)
+            return False
+        self.progress(f"stopping {len(state.hosts)} containers")
+        self._teardown(state)
+        return True
+
+    def _teardown(self, state: LabState, keep_logs: bool = False) -> None:
+        """Stop recorded PIDs (only those, and only while they are still our nspawn), unmount, delete."""
+        with ThreadPoolExecutor(max_workers=max(1, min(16, len(state.hosts)))) as pool:
+            list(pool.map(lambda h: h.pid and containers.stop(h.pid, h.root), state.hosts))
+        for h in state.hosts:
+            containers.kill_cgroups(h.cgroups)  # only does something if nspawn died without a poweroff
+            containers.remove_cgroups(h.cgroups)
+            machine.remove_machine(Path(h.machine_dir))
+        directory = Path(state.dir)
+        inventory = Path(state.inventory) if state.inventory else None
+        if inventory is not None and inventory.is_file() and not inventory.is_relative_to(directory):
+            inventory.unlink()
+        for name in ("state.json", "known_hosts", "inventory.yml", "id_ed25519", "id_ed25519.pub", "machines"):
+            p = directory / name
+            if p.is_dir():
+                shutil.rmtree(p)
+            else:
+                p.unlink(missing_ok=True)
+        if not keep_logs:
+            shutil.rmtree(directory / "logs", ignore_errors=True)
+            with contextlib.suppress(OSError):  # the user keeps other files here
+                directory.rmdir()
+
+    # -- status and access -----------------------------------------------------------------------------
+
+    def status(self) -> list[HostStatus]:
+        state = self.state
+        return [] if state is None else self._statuses(state, wait_s=10.0)
+
+    def _statuses(self, state: LabState, wait_s: float) -> list[HostStatus]:
+        key, known = Path(state.key), Path(state.known_hosts)
+
+        def one(h: HostState) -> HostStatus:
+            running = h.pid is not None and containers.is_ours(h.pid, h.root)
+            ready = running and access.wait_ssh(h.address, key, known, time.monotonic() + wait_s)
+            return HostStatus(h.name, h.address, "ssh-ready" if ready else "running" if running else "stopped",
+                              h.pid, h.gpu_model, h.gpu_count)
+
+        with ThreadPoolExecutor(max_workers=max(1, min(16, len(state.hosts)))) as pool:
+            return list(pool.map(one, state.hosts))
+
+    def ssh(self, host: str | HostState, command: str, *, user: str = "root", input: str | None = None,
+            timeout: float = 120.0, check: bool = False) -> subprocess.CompletedProcess[str]:
+        """Run `command` on a lab host through the real ssh client, strict host-key checking on."""
+        state = self.require_state()
+        h = state.host(host) if isinstance(host, str) else host
+        argv = [*access.ssh_argv(h.address, Path(state.key), Path(state.known_hosts), user=user), command]
+        return subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout, check=check)

@@ -1,0 +1,134 @@
+"""The lab's pure parts (spec validation, mirror discovery, inventory, CLI wiring): no root, no containers."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from ernie_deploy.errors import DeployError
+from ernie_deploy.lab import access, cli, rootfs
+from ernie_deploy.lab.spec import gpu_uuid, load_spec, parse_spec
+
+
+def test_default_spec_is_the_guides_hardware_table() -> None:
+    spec = load_spec()
+    assert [(h.name, h.address, h.gpu_model, h.gpu_count, h.nvlink) for h in spec.hosts] == [
+        ("a10-1", "127.0.0.11", "NVIDIA A10", 1, False),
+        ("a10-2", "127.0.0.12", "NVIDIA A10", 2, False),
+        ("a10-4", "127.0.0.13", "NVIDIA A10", 4, False),
+        ("a100-2", "127.0.0.14", "NVIDIA A100-SXM4-80GB", 2, True),
+    ]
+
+
+def test_gpus_json_shape() -> None:
+    host = load_spec().host("a100-2")
+    assert host.gpus_json() == {
+        "driver_version": "550.127.05",
+        "cuda_version": "12.4",
+        "nvlink": True,
+        "gpus": [
+            {"index": 0, "name": "NVIDIA A100-SXM4-80GB", "uuid": gpu_uuid("a100-2", 0),
+             "memory_total_mib": 81920, "pci_bus_id": "00000000:00:1D.0"},
+            {"index": 1, "name": "NVIDIA A100-SXM4-80GB", "uuid": gpu_uuid("a100-2", 1),
+             "memory_total_mib": 81920, "pci_bus_id": "00000000:00:1E.0"},
+        ],
+    }
+    assert gpu_uuid("a100-2", 0) == gpu_uuid("a100-2", 0) != gpu_uuid("a100-2", 1)
+    assert gpu_uuid("a10-1", 0).startswith("GPU-")
+
+
+def test_count_replicates_hosts_and_defaults_apply() -> None:
+    spec = parse_spec({
+        "first_address": "127.0.1.1",
+        "defaults": {"gpu_model": "NVIDIA A10G", "vllm_version": "0.11.0"},
+        "hosts": [{"name": "node", "count": 16, "gpu_count": 2, "faults": {"health_503": True}},
+                  {"name": "big", "gpu_model": "NVIDIA H100 80GB HBM3", "gpu_memory_mib": 81559}],
+    })
+    assert len(spec.hosts) == 17
+    assert spec.hosts[0].name == "node-1" and spec.hosts[15].name == "node-16"
+    assert spec.hosts[15].address == "127.0.1.16" and spec.hosts[16].address == "127.0.1.17"
+    assert {h.gpu_memory_mib for h in spec.hosts[:16]} == {23028}
+    assert spec.hosts[0].vllm_version == "0.11.0" and spec.hosts[0].faults == {"health_503": True}
+    assert spec.host("big").gpu_memory_mib == 81559
+
+
+@pytest.mark.parametrize(("data", "where", "words"), [
+    ({"hosts": [{"name": "a", "gpu_model": "NVIDIA T4"}]}, "hosts[0].gpu_model", "unknown GPU model"),
+    ({"hosts": [{"name": "a", "gpu_count": "two"}]}, "hosts[0].gpu_count", "integer"),
+    ({"hosts": [{"name": "A_1"}]}, "hosts[0].name", "not a valid host name"),
+    ({"hosts": [{"name": "a"}, {"name": "a"}]}, "hosts", "duplicate host name"),
+    ({"hosts": [{"name": "a", "gpus": 2}]}, "hosts[0].gpus", "unknown key"),
+    ({"hosts": [{"name": "a", "vllm_version": 0.11}]}, "hosts[0].vllm_version", "not a version string"),
+    ({"hosts": [{"name": "a", "faults": ["x"]}]}, "hosts[0].faults", "must be a mapping"),
+    ({"hosts": []}, "hosts", "non-empty list"),
+    ({"first_address": "127.0.0.1", "hosts": [{"name": "a"}]}, "first_address", "above 127.0.0.1"),
+    ({"first_address": "10.0.0.5", "hosts": [{"name": "a"}]}, "first_address", "127.0.0.0/8"),
+    ({"hostz": []}, "hostz", "unknown key"),
+])
+def test_bad_specs_name_file_and_key(data: object, where: str, words: str) -> None:
+    with pytest.raises(DeployError) as info:
+        parse_spec(data, source="my-lab.yml")
+    assert info.value.where == f"my-lab.yml: {where}"
+    assert words in info.value.message
+
+
+def test_spec_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(DeployError, match="cannot read lab spec"):
+        load_spec(tmp_path / "missing.yml")
+    bad = tmp_path / "bad.yml"
+    bad.write_text("hosts: [\n")
+    with pytest.raises(DeployError, match="not valid YAML"):
+        load_spec(bad)
+
+
+def test_mirror_from_deb822_and_one_line_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ERNIE_LAB_MIRROR", raising=False)
+    (tmp_path / "sources.list.d").mkdir()
+    (tmp_path / "sources.list.d" / "debian.sources").write_text(
+        "Types: deb\nURIs: http://mirror.example/debian-security\nSuites: bookworm-security\nComponents: main\n\n"
+        "Types: deb deb-src\n# a comment\nURIs: http://mirror.example/debian\nSuites: bookworm bookworm-updates\n"
+        "Components: main\n")
+    assert rootfs.find_mirror(apt_dir=tmp_path) == "http://mirror.example/debian"
+    (tmp_path / "sources.list").write_text(
+        "# x\ndeb [arch=amd64 signed-by=/k.gpg] http://one.example/debian bookworm main\n")
+    assert rootfs.find_mirror(apt_dir=tmp_path) == "http://one.example/debian"
+    disabled = tmp_path / "none"
+    (disabled / "sources.list.d").mkdir(parents=True)
+    (disabled / "sources.list.d" / "x.sources").write_text(
+        "Enabled: no\nTypes: deb\nURIs: http://off.example/debian\nSuites: bookworm\n")
+    with pytest.raises(DeployError, match="no apt source for Debian bookworm"):
+        rootfs.find_mirror(apt_dir=disabled)
+    monkeypatch.setenv("ERNIE_LAB_MIRROR", "http://override.example/debian")
+    assert rootfs.find_mirror(apt_dir=disabled) == "http://override.example/debian"
+
+
+def test_cache_key_follows_its_inputs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    base = rootfs.cache_key()
+    assert rootfs.cache_key(packages=(*rootfs.PACKAGES, "curl")) != base
+    assert rootfs.cache_key(suite="trixie") != base
+    assert rootfs.cache_key(arch="arm64") != base or rootfs.debian_arch() == "arm64"
+    monkeypatch.setenv("ERNIE_LAB_CACHE", str(tmp_path))
+    assert rootfs.rootfs_path().parent == tmp_path
+    assert rootfs.rootfs_path().name.endswith(base)
+
+
+def test_inventory_shape(tmp_path: Path) -> None:
+    spec = load_spec()
+    data = access.inventory(spec.hosts, tmp_path / "id_ed25519", tmp_path / "known_hosts")
+    lab = data["all"]["children"]["lab"]
+    assert lab["hosts"]["a10-4"] == {"ansible_host": "127.0.0.13", "gpu_model": "NVIDIA A10", "gpu_count": 4}
+    assert lab["vars"]["ansible_ssh_private_key_file"] == str(tmp_path / "id_ed25519")
+    assert lab["vars"]["ernie_known_hosts"] == str(tmp_path / "known_hosts")
+
+
+def test_cli_registers_lab_subcommands() -> None:
+    parser = argparse.ArgumentParser(prog="ernie-deploy")
+    cli.register(parser.add_subparsers(dest="command", required=True))
+    up = parser.parse_args(["lab", "up", "--spec", "x.yml", "--inventory-out", "inv.yml", "--json"])
+    assert (up.func, up.spec, up.inventory_out, up.json) == (cli.cmd_up, Path("x.yml"), Path("inv.yml"), True)
+    assert parser.parse_args(["lab", "status", "--json"]).func is cli.cmd_status
+    assert parser.parse_args(["lab", "down"]).func is cli.cmd_down
+    with pytest.raises(SystemExit):
+        parser.parse_args(["lab"])

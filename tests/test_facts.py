@@ -1,0 +1,65 @@
+"""Facts: the gather script's output parsed into values (fixtures, no host needed)."""
+
+from pathlib import Path
+
+from ernie_deploy.remote.facts import gather_script, parse_facts, parse_gpus, parse_topology, parse_units
+
+FIXTURES = Path(__file__).parent / "fixtures/facts"
+
+# DGX A100 topology as in NVIDIA/nccl#1505 (shared/reference/vllm.md §4), cut to 2 GPUs.
+NVLINK_TOPO = """        GPU0    GPU1    CPU Affinity    NUMA Affinity   GPU NUMA ID
+GPU0     X      NV12    48-63,176-191   3               N/A
+GPU1    NV12     X      48-63,176-191   3               N/A
+"""
+
+
+def test_parse_two_a10s() -> None:
+    f = parse_facts((FIXTURES / "a10x2.txt").read_text())
+    assert [g.name for g in f.gpus] == ["NVIDIA A10", "NVIDIA A10"]
+    assert f.gpus[0].memory_mib == 23028 and f.gpus[0].driver == "550.127.05" and f.gpu_error is None
+    assert f.nvlink is False
+    assert f.systemd_version == 252
+    assert f.model_config is not None and f.model_config["architectures"] == ["Ernie4_5ForCausalLM"]
+    assert f.vllm_version == "0.34.0"
+    assert f.files == {} and f.units == {} and f.lock_info is None
+
+
+def test_topology() -> None:
+    assert parse_topology(NVLINK_TOPO) is True
+    assert parse_topology("        GPU0    CPU Affinity\nGPU0     X      0-7\n") is None
+    assert parse_topology("") is None
+
+
+def test_missing_driver_and_model_are_facts_not_failures() -> None:
+    text = (FIXTURES / "a10x2.txt").read_text()
+    text = text.replace(
+        "0, NVIDIA A10, GPU-a1b2c3d4-0000-1111-2222-333344445555, 23028, 550.127.05\n"
+        "1, NVIDIA A10, GPU-a1b2c3d4-0000-1111-2222-333344445556, 23028, 550.127.05\nrc=0",
+        "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\nrc=9")
+    text = text.replace('"torch_dtype": "bfloat16"}\nrc=0', '"torch_dtype": "bfloat16"}\nrc=1')
+    f = parse_facts(text)
+    assert f.gpus == () and "couldn't communicate with the NVIDIA driver" in (f.gpu_error or "")
+    assert f.model_config is None and f.model_error
+
+
+def test_gpus_unexpected_output() -> None:
+    gpus, error = parse_gpus("garbage line\nrc=0")
+    assert gpus == () and "unexpected nvidia-smi output" in (error or "")
+
+
+def test_units_and_hashes() -> None:
+    units = parse_units("Id=ernie-vllm-0.service\nLoadState=loaded\nActiveState=active\nSubState=running\n"
+                        "MainPID=4242\nInvocationID=abc\nNRestarts=0\nExecMainStartTimestampMonotonic=123456\n"
+                        "UnitFileState=enabled\n\nId=ernie-vllm-1.service\nActiveState=failed\nNRestarts=3\n")
+    assert units["ernie-vllm-0.service"].main_pid == 4242
+    assert units["ernie-vllm-0.service"].started_monotonic == 123456
+    assert units["ernie-vllm-1.service"].active_state == "failed" and units["ernie-vllm-1.service"].n_restarts == 3
+    text = (FIXTURES / "a10x2.txt").read_text().replace(
+        "@@ernie-deploy:files\n", "@@ernie-deploy:files\n" + "a" * 64 + "  /etc/systemd/system/ernie-vllm-0.service\n")
+    assert parse_facts(text).files == {"/etc/systemd/system/ernie-vllm-0.service": "a" * 64}
+
+
+def test_gather_script_quotes_paths() -> None:
+    script = gather_script("/models/x y; rm -rf /", "/opt/vllm/bin/vllm")
+    assert "cat '/models/x y; rm -rf /config.json'" in script
+    assert "/etc/ernie-deploy/ernie-vllm-*.env" in script and "cat /etc/ernie-deploy" not in script
