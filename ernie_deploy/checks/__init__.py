@@ -1,0 +1,8 @@
+"""Post-deploy checks: pure judges of what a host said (journal lines, nvidia-smi CSV, HTTP answers).
+
+Nothing here runs a command or opens a socket; the rollout layer gathers the output and passes it in.
+"""
+
+from ernie_deploy.checks.result import CheckInputError, CheckResult, Status, worst
+
+__all__ = ["CheckInputError", "CheckResult", "Status", "worst"]

@@ -1,0 +1,477 @@
+"""Read a vLLM unit's journal: fatal start-up signatures (data in signatures.yml) and the keyword checks.
+
+Pure: takes lines, returns values. Formats follow /work/shared/reference/vllm.md section 2d; the guide's
+`Using tensor parallel size N` line does not exist in real vLLM, so the engine-config line is the primary
+evidence and the guide's form is only accepted if present.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import string
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ernie_deploy.checks.result import CheckResult, Status
+from ernie_deploy.datafiles import bundled, load_yaml
+from ernie_deploy.datafiles import expect as expect_type
+from ernie_deploy.errors import ConfigError
+
+if TYPE_CHECKING:
+    from ernie_deploy.plantypes import InstancePlan
+
+# `journalctl -o short` / `-o short-iso` put "time host ident[pid]: " before the message.
+_JOURNAL_PREFIX = re.compile(
+    r"^(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT[\d:.]+(?:[+-]\d{2}:?\d{2}|Z)?)"
+    r" \S+ [^\s:\[]+(?:\[\d+\])?: "
+)
+# decorate_logs() prefixes: "(APIServer pid=1) ", "(Worker_TP1 pid=2) ", 0.9.2's "(VllmWorker rank=1 pid=2) ".
+_PROC_PREFIX = re.compile(r"^\((?:[A-Za-z][\w]*(?: rank=\d+)? pid=\d+|[A-Za-z]\w* pid=\d+, ip=[\d.]+)\) ")
+# vLLM's logger header "%(levelname)s %(asctime)s [%(fileinfo)s:%(lineno)d] " (date format %m-%d %H:%M:%S).
+# Before 0.8 the file:line had no opening bracket ("ERROR 04-28 15:55:45 worker_base.py:157] ").
+_LOG_HEADER = re.compile(
+    r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? (?:\[[^\]]*\]|[^\s\]]+:\d+\]) "
+)
+
+_MAX_SPAN = 400  # lines between a traceback's first line and its exception line
+
+
+def strip_prefix(line: str) -> str:
+    """The message part of one journal line: journal, process and logger prefixes removed, indent kept."""
+    text = line.rstrip("\r\n")
+    text = _JOURNAL_PREFIX.sub("", text, count=1)
+    text = _PROC_PREFIX.sub("", text, count=1)
+    return _LOG_HEADER.sub("", text, count=1)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Signatures
+
+
+@dataclass(frozen=True)
+class Signature:
+    name: str
+    regexes: tuple[re.Pattern[str], ...]
+    cause: str
+    fix: str
+    after: int = 0
+    severity: Status = "fail"
+    generic: bool = False
+    end: re.Pattern[str] | None = None
+
+
+@dataclass(frozen=True)
+class Match:
+    """One signature found in the log: the first occurrence's lines, and how often it occurred."""
+
+    signature: str
+    severity: Status
+    cause: str
+    fix: str
+    lines: tuple[str, ...]  # the matching line, then context (for tracebacks: the last lines up to the exception)
+    line_no: int  # 0-based index of the matching line in the input
+    headline: str  # the key message without prefixes (a traceback's exception line)
+    count: int = 1
+
+
+class _Blank(dict[str, str]):
+    """Formatting values where a placeholder nobody can fill prints as <name> instead of raising."""
+
+    def __missing__(self, key: str) -> str:
+        return f"<{key}>"
+
+
+def _fill(template: str, values: Mapping[str, Any]) -> str:
+    return string.Formatter().vformat(template, (), _Blank({k: _text(v) for k, v in values.items() if v is not None}))
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def _compile(pattern: Any, where: str, key: str) -> re.Pattern[str]:
+    expect_type(pattern, str, where, key)
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise ConfigError(f"{key}: invalid regular expression {pattern!r}: {exc.msg}", where=where) from exc
+
+
+def parse_signatures(raw: Any, where: str) -> tuple[Signature, ...]:
+    """Validate the YAML document of signatures.yml (a mapping with a `signatures` list)."""
+    items = expect_type(expect_type(raw, dict, where, "(top)").get("signatures"), list, where, "signatures")
+    out: list[Signature] = []
+    for n, item in enumerate(items):
+        key = f"signatures[{n}]"
+        expect_type(item, dict, where, key)
+        unknown = set(item) - {"name", "regex", "cause", "fix", "after", "severity", "generic", "end"}
+        if unknown:
+            raise ConfigError(f"{key}: unknown key(s) {', '.join(sorted(unknown))}", where=where)
+        name = expect_type(item.get("name"), str, where, f"{key}.name")
+        rx = item.get("regex")
+        patterns = rx if isinstance(rx, list) else [rx]
+        severity = item.get("severity", "fail")
+        if severity not in ("fail", "warn"):
+            raise ConfigError(f"{key}.severity: expected fail or warn, got {severity!r}", where=where)
+        for text_key in ("cause", "fix"):
+            template = expect_type(item.get(text_key), str, where, f"{key}.{text_key}")
+            try:
+                _fill(template, {})
+            except (ValueError, IndexError) as exc:
+                raise ConfigError(f"{key}.{text_key}: bad placeholder in {template!r}: {exc}", where=where) from exc
+        end = item.get("end")
+        out.append(Signature(
+            name=name,
+            regexes=tuple(_compile(p, where, f"{key}.regex") for p in patterns),
+            cause=item["cause"],
+            fix=item["fix"],
+            after=expect_type(item.get("after", 0), int, where, f"{key}.after"),
+            severity=severity,
+            generic=expect_type(item.get("generic", False), bool, where, f"{key}.generic"),
+            end=None if end is None else _compile(end, where, f"{key}.end"),
+        ))
+    return tuple(out)
+
+
+@functools.cache
+def _bundled_signatures() -> tuple[Signature, ...]:
+    path = bundled("signatures.yml")
+    return parse_signatures(load_yaml(path), str(path))
+
+
+def load_signatures(path: Path | None = None) -> tuple[Signature, ...]:
+    """The shipped signatures, or a user's own file in the same format."""
+    if path is None:
+        return _bundled_signatures()
+    return parse_signatures(load_yaml(path), str(path))
+
+
+def _valid_tp(heads: int) -> str:
+    return ", ".join(str(d) for d in range(1, heads + 1) if heads % d == 0)
+
+
+def _values(groups: Mapping[str, str | None], context: Mapping[str, Any]) -> dict[str, Any]:
+    """Placeholder values: the plan's context, then what the log line itself says (the log wins)."""
+    values: dict[str, Any] = dict(context)
+    values.update({k: v for k, v in groups.items() if v is not None})
+    heads = values.get("heads") or values.get("num_attention_heads")
+    if heads is not None and str(heads).isdigit() and "valid_tp" not in context:
+        values["valid_tp"] = _valid_tp(int(heads))
+    return values
+
+
+def _find(sig: Signature, msgs: Sequence[str], start: int) -> tuple[int, int, re.Match[str]] | None:
+    """First (line, end line, match) at or after `start`; end line == line unless the signature spans."""
+    for i in range(start, len(msgs)):
+        found = next((m for rx in sig.regexes if (m := rx.search(msgs[i]))), None)
+        if found is None:
+            continue
+        if sig.end is None:
+            return i, i, found
+        for j in range(i + 1, min(len(msgs), i + 1 + _MAX_SPAN)):
+            if sig.end.search(msgs[j]):
+                return i, j, found
+    return None
+
+
+def scan(
+    lines: Iterable[str],
+    context: Mapping[str, Any] | None = None,
+    signatures: Sequence[Signature] | None = None,
+) -> list[Match]:
+    """Every signature found in `lines`, in the order of first appearance.
+
+    A generic signature (a bare traceback) is dropped when a specific failure explains the same log: the
+    final `RuntimeError: Engine core initialization failed` follows every root cause and adds nothing.
+    """
+    raw = [line.rstrip("\r\n") for line in lines]
+    msgs = [strip_prefix(line) for line in raw]
+    ctx = dict(context or {})
+    found: list[Match] = []
+    for sig in signatures if signatures is not None else load_signatures():
+        first = _find(sig, msgs, 0)
+        if first is None:
+            continue
+        i, j, m = first
+        count, nxt = 1, _find(sig, msgs, j + 1)
+        while nxt is not None:
+            count, nxt = count + 1, _find(sig, msgs, nxt[1] + 1)
+        if sig.end is None:
+            evidence = raw[i : i + 1 + sig.after]
+            headline = msgs[i].strip()
+        else:
+            # The first line shows where it started; the last lines carry the exception. Indented lines right
+            # after the exception belong to it (pydantic's "  Value error, ...").
+            tail_end = j + 1
+            while tail_end < len(msgs) and tail_end <= j + 2 and msgs[tail_end][:1].isspace():
+                tail_end += 1
+            evidence = [raw[i], *raw[max(i + 1, j + 1 - sig.after) : tail_end]]
+            headline = msgs[j].strip()
+        values = _values({**m.groupdict(), "exception": headline if sig.end else None}, ctx)
+        found.append(Match(sig.name, sig.severity, _fill(sig.cause, values), _fill(sig.fix, values),
+                           tuple(evidence), i, headline, count))
+    if any(not _generic(m.signature, signatures) and m.severity == "fail" for m in found):
+        found = [m for m in found if not _generic(m.signature, signatures)]
+    return sorted(found, key=lambda m: m.line_no)
+
+
+def _generic(name: str, signatures: Sequence[Signature] | None) -> bool:
+    sigs = signatures if signatures is not None else load_signatures()
+    return any(s.generic for s in sigs if s.name == name)
+
+
+def instance_context(instance: InstancePlan, num_attention_heads: int | None = None) -> dict[str, Any]:
+    """The plan values a signature's fix may name, for one instance."""
+    return {
+        "unit": f"{instance.unit}.service",
+        "port": instance.port,
+        "gpus": instance.gpus,
+        "served_model_name": instance.served_model_name,
+        "tensor_parallel_size": instance.tensor_parallel_size,
+        "max_model_len": instance.max_model_len,
+        "gpu_memory_utilization": instance.gpu_memory_utilization,
+        "num_attention_heads": num_attention_heads,
+    }
+
+
+# ---------------------------------------------------------------------------------------------------
+# Keyword checks on a healthy start-up
+
+_START = re.compile(r"^(?:vLLM API server version |vLLM server version )")
+_NON_DEFAULT = re.compile(r"^non-default args: (?P<args>\{.*\})")
+_ENGINE = re.compile(r"^Initializing an? (?:V1 )?LLM engine \(v[^)]*\) with config: (?P<config>.*)")
+_CFG_TP = re.compile(r"\btensor_parallel_size=(\d+)")
+_CFG_LEN = re.compile(r"\bmax_seq_len=(\d+)")
+_ARG_TP = re.compile(r"'tensor_parallel_size': (\d+)")
+_USING_TP = re.compile(r"Using tensor parallel size (\d+)")
+_USING_LEN = re.compile(r"^Using max model len (\d+)")
+_WORKER = re.compile(
+    r"^\((?:Worker(?:_DP\d+)?(?:_PP\d+)?_TP(?P<tp>\d+)(?:_EP\d+)?|VllmWorker rank=(?P<rank>\d+)) pid=\d+\)"
+)
+_KV_SIZE = re.compile(r"KV cache size: (?P<tokens>[\d,]+) tokens")
+_CONCURRENCY = re.compile(r"Maximum concurrency for (?P<len>[\d,]+) tokens per request: (?P<x>[\d.]+)x")
+_PLACEHOLDER = re.compile(r"\{(\w+)\}")
+
+
+def last_start(lines: Sequence[str]) -> int:
+    """Index where the last vLLM start-up begins (its version banner), 0 when none is in view.
+
+    A journal window may hold an earlier run (a restart loop, a previous deploy); the keyword checks must
+    judge the run that is up now, not a mix.
+    """
+    starts = [i for i, line in enumerate(lines) if _START.search(strip_prefix(line))]
+    if starts:
+        return starts[-1]
+    args = [i for i, line in enumerate(lines) if _NON_DEFAULT.search(strip_prefix(line))]
+    return args[-1] if args else 0
+
+
+def _last(lines: Sequence[str], rx: re.Pattern[str]) -> tuple[re.Match[str], str] | None:
+    for line in reversed(lines):
+        m = rx.search(strip_prefix(line))
+        if m:
+            return m, line.rstrip("\r\n")
+    return None
+
+
+def _tp_evidence(seg: Sequence[str]) -> list[tuple[str, int, str]]:
+    """(source, TP, line) from each kind of line that states the TP size, strongest first."""
+    out: list[tuple[str, int, str]] = []
+    engine = _last(seg, _ENGINE)
+    if engine and (m := _CFG_TP.search(engine[0]["config"])):
+        out.append(("engine config", int(m.group(1)), engine[1]))
+    args = _last(seg, _NON_DEFAULT)
+    if args:
+        # Absent from non-default args means vLLM's default, 1.
+        m = _ARG_TP.search(args[0]["args"])
+        out.append(("non-default args", int(m.group(1)) if m else 1, args[1]))
+    using = _last(seg, _USING_TP)
+    if using:
+        out.append(("'Using tensor parallel size'", int(using[0].group(1)), using[1]))
+    return out
+
+
+def _workers(seg: Sequence[str]) -> dict[int, str]:
+    """First line of each distinct TP worker rank (V1 `Worker_TPk`, 0.9.2 `VllmWorker rank=k`)."""
+    ranks: dict[int, str] = {}
+    for line in seg:
+        m = _WORKER.match(_JOURNAL_PREFIX.sub("", line.rstrip("\r\n"), count=1))
+        if m:
+            rank = int(m.group("tp") if m.group("tp") is not None else m.group("rank"))
+            ranks.setdefault(rank, line.rstrip("\r\n"))
+    return ranks
+
+
+def _check_tp(seg: Sequence[str], tp: int, instance: str | None) -> CheckResult:
+    name = "tensor_parallel"
+    evidence = _tp_evidence(seg)
+    workers = _workers(seg)
+    worker_lines = tuple(workers[r] for r in sorted(workers))
+    if not evidence:
+        return CheckResult(name, "warn", f"no start-up line states the tensor parallel size (plan: TP {tp})",
+                           worker_lines, cause="the log has no engine-config or non-default-args line",
+                           fix="pass the unit's journal from its last start", instance=instance)
+    wrong = [(src, n, line) for src, n, line in evidence if n != tp]
+    if wrong:
+        src, n, line = wrong[0]
+        return CheckResult(name, "fail", f"plan says TP {tp}, vLLM uses TP {n} ({src} line: {line})",
+                           tuple(e[2] for e in evidence), cause=f"the running vLLM was started with TP {n}",
+                           fix="re-render and restart the unit so ExecStart carries --tensor-parallel-size "
+                               f"{tp}", instance=instance)
+    quoted = (evidence[0][2], *worker_lines)
+    if tp > 1 and workers and len(workers) != tp:
+        found = ", ".join(f"Worker_TP{r}" for r in sorted(workers))
+        return CheckResult(name, "fail", f"plan says TP {tp}, but the log shows {len(workers)} TP worker "
+                           f"process(es): {found}", quoted, cause="not every tensor-parallel worker started",
+                           fix="read the worker's error lines in the journal (NCCL, CUDA) and restart the unit",
+                           instance=instance)
+    if tp > 1 and not workers:
+        return CheckResult(name, "warn", f"Using tensor parallel size {tp}, but no Worker_TP lines to cross-check",
+                           quoted, instance=instance)
+    if tp == 1 and len(workers) > 1:
+        return CheckResult(name, "fail", f"plan says TP 1, but the log shows {len(workers)} TP workers", quoted,
+                           instance=instance)
+    return CheckResult(name, "pass", f"Using tensor parallel size {tp} ✓", quoted, instance=instance)
+
+
+def _check_len(seg: Sequence[str], max_model_len: int | None, instance: str | None) -> CheckResult:
+    name = "max_model_len"
+    seen: list[tuple[int, str]] = []
+    if (using := _last(seg, _USING_LEN)) is not None:
+        seen.append((int(using[0].group(1)), using[1]))
+    engine = _last(seg, _ENGINE)
+    if engine and (m := _CFG_LEN.search(engine[0]["config"])):
+        seen.append((int(m.group(1)), engine[1]))
+    if not seen:
+        return CheckResult(name, "warn", "no 'Using max model len' or max_seq_len= line in the start-up log",
+                           instance=instance)
+    lines = tuple(dict.fromkeys(line for _, line in seen))
+    if max_model_len is None:
+        return CheckResult(name, "pass", f"max model len {seen[0][0]} (derived by vLLM; the plan leaves it unset)",
+                           lines, instance=instance)
+    wrong = [(n, line) for n, line in seen if n != max_model_len]
+    if wrong:
+        return CheckResult(name, "fail", f"plan says max_model_len {max_model_len}, vLLM uses {wrong[0][0]} "
+                           f"(line: {wrong[0][1]})", lines, cause="the unit runs with another --max-model-len",
+                           fix=f"re-render and restart the unit with --max-model-len {max_model_len}",
+                           instance=instance)
+    return CheckResult(name, "pass", f"Using max model len {max_model_len} ✓", lines, instance=instance)
+
+
+def _number(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+def _check_kv(seg: Sequence[str], estimate: int | None, tolerance: float, instance: str | None) -> CheckResult:
+    name = "kv_cache"
+    size = _last(seg, _KV_SIZE)
+    if size is None:
+        return CheckResult(name, "warn", "no 'GPU KV cache size' line: the engine has not finished start-up",
+                           instance=instance)
+    tokens = _number(size[0]["tokens"])
+    lines = [size[1]]
+    conc = _last(seg, _CONCURRENCY)
+    extra = ""
+    if conc is not None:
+        extra = f", maximum concurrency {conc[0]['x']}x at {_number(conc[0]['len']):,} tokens per request"
+        if conc[1] not in lines:
+            lines.append(conc[1])
+    if not estimate:
+        return CheckResult(name, "pass", f"GPU KV cache size {tokens:,} tokens{extra} (no planner estimate)",
+                           tuple(lines), instance=instance)
+    off = (tokens - estimate) / estimate
+    if abs(off) > tolerance:
+        return CheckResult(name, "warn", f"GPU KV cache size {tokens:,} tokens, planner estimated {estimate:,} "
+                           f"({off:+.0%}, tolerance ±{tolerance:.0%}){extra}", tuple(lines),
+                           cause="the planner's memory model differs from what vLLM profiled on this host "
+                                 "(other processes on the GPU, version-specific activation or CUDA-graph memory)",
+                           fix="trust vLLM's number; if capacity matters, adjust gpu_memory_utilization or the "
+                               "planner's reserves", instance=instance)
+    return CheckResult(name, "pass", f"GPU KV cache size {tokens:,} tokens (planner: {estimate:,}, {off:+.0%}){extra}",
+                       tuple(lines), instance=instance)
+
+
+def _pattern(kind: str, pattern: str, values: Mapping[str, Any]) -> re.Pattern[str]:
+    def sub(m: re.Match[str]) -> str:
+        key = m.group(1)
+        if key in values:
+            return re.escape(_text(values[key]))
+        if key.isdigit():  # a regex quantifier such as \d{4}
+            return m.group(0)
+        known = ", ".join(sorted(values)) or "none"
+        raise ConfigError(f"{kind} pattern {pattern!r}: unknown placeholder {{{key}}} (known: {known})",
+                          where=f"{kind}: {pattern}")
+
+    text = _PLACEHOLDER.sub(sub, pattern)
+    try:
+        return re.compile(text)
+    except re.error as exc:
+        raise ConfigError(f"{kind} pattern {pattern!r} is not a valid regular expression: {exc.msg}",
+                          where=f"{kind}: {pattern}", hint="escape literal ( ) [ ] . with a backslash") from exc
+
+
+def _search(rx: re.Pattern[str], lines: Sequence[str]) -> str | None:
+    for line in lines:
+        if rx.search(strip_prefix(line)) or rx.search(line):
+            return line.rstrip("\r\n")
+    return None
+
+
+def _check_fatal(lines: Sequence[str], context: Mapping[str, Any], instance: str | None) -> CheckResult:
+    name = "startup_errors"
+    matches = scan(lines, context)
+    if not matches:
+        return CheckResult(name, "pass", "no fatal start-up errors in the log", instance=instance)
+    top = next((m for m in matches if m.severity == "fail"), matches[0])
+    others = [m.signature for m in matches if m is not top]
+    more = f" (also: {', '.join(others)})" if others else ""
+    evidence = tuple(line for m in matches for line in m.lines)
+    status: Status = "fail" if any(m.severity == "fail" for m in matches) else "warn"
+    return CheckResult(name, status, f"{top.signature}: {top.headline}{more}", evidence, top.cause, top.fix, instance)
+
+
+def check_startup_log(
+    lines: Iterable[str],
+    *,
+    tp: int,
+    max_model_len: int | None,
+    kv_tokens_estimate: int | None,
+    tolerance: float = 0.25,
+    expect: Sequence[str] = (),
+    forbid: Sequence[str] = (),
+    values: Mapping[str, Any] | None = None,
+    context: Mapping[str, Any] | None = None,
+    instance: str | None = None,
+) -> list[CheckResult]:
+    """Judge one instance's journal since its restart against its plan.
+
+    The keyword checks read the last start-up in view (see last_start); the fatal-signature check reads
+    every line, because a crash and restart inside the window is itself a finding. `values` fill `{name}`
+    placeholders in expect/forbid patterns (escaped as literals); `context` fills signature fixes.
+    """
+    all_lines = [line.rstrip("\r\n") for line in lines]
+    seg = all_lines[last_start(all_lines):]
+    vals = dict(values or {})
+    ctx = {"tensor_parallel_size": tp, "max_model_len": max_model_len, **(context or {})}
+    # Compile every playbook pattern first, so one bad pattern fails the whole call before any verdict.
+    expects = [(p, _pattern("expect", p, vals)) for p in expect]
+    forbids = [(p, _pattern("forbid", p, vals)) for p in forbid]
+    results = [_check_tp(seg, tp, instance), _check_len(seg, max_model_len, instance),
+               _check_kv(seg, kv_tokens_estimate, tolerance, instance)]
+    for pattern, rx in expects:
+        hit = _search(rx, seg)
+        results.append(CheckResult(f"expect {pattern}", "pass" if hit else "fail",
+                                   f"found /{rx.pattern}/" if hit else f"missing /{rx.pattern}/ in the start-up log",
+                                   (hit,) if hit else (), instance=instance))
+    for pattern, rx in forbids:
+        hit = _search(rx, seg)
+        results.append(CheckResult(f"forbid {pattern}", "fail" if hit else "pass",
+                                   f"forbidden /{rx.pattern}/ found" if hit else f"no /{rx.pattern}/",
+                                   (hit,) if hit else (), instance=instance))
+    results.append(_check_fatal(all_lines, ctx, instance))
+    return results
