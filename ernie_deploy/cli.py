@@ -34,6 +34,9 @@ log = logging.getLogger("ernie_deploy")
 
 
 def _common(p: argparse.ArgumentParser, limit: bool = True) -> None:
+    # Accepted after the command too (`deploy -v`), where operators type it.
+    p.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
+                   help="-v: more detail (info findings, remote command counts); -vvv: tracebacks")
     p.add_argument("-i", "--inventory", required=True, type=Path, metavar="INV",
                    help="Ansible-style YAML inventory (group_vars/ and host_vars/ beside it are read too)")
     if limit:

@@ -40,7 +40,9 @@ def inventory(hosts: Sequence[HostSpec], key: Path, known_hosts: Path) -> dict[s
             "children": {
                 "lab": {
                     "hosts": {
-                        h.name: {"ansible_host": h.address, "gpu_model": h.gpu_model, "gpu_count": h.gpu_count}
+                        # Lab hosts share this machine's network, so each vLLM binds its own address.
+                        h.name: {"ansible_host": h.address, "gpu_model": h.gpu_model, "gpu_count": h.gpu_count,
+                                 "vllm_host": h.address}
                         for h in hosts
                     },
                     "vars": {

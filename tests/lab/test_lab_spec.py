@@ -118,7 +118,8 @@ def test_inventory_shape(tmp_path: Path) -> None:
     spec = load_spec()
     data = access.inventory(spec.hosts, tmp_path / "id_ed25519", tmp_path / "known_hosts")
     lab = data["all"]["children"]["lab"]
-    assert lab["hosts"]["a10-4"] == {"ansible_host": "127.0.0.13", "gpu_model": "NVIDIA A10", "gpu_count": 4}
+    assert lab["hosts"]["a10-4"] == {"ansible_host": "127.0.0.13", "gpu_model": "NVIDIA A10", "gpu_count": 4,
+                                  "vllm_host": "127.0.0.13"}
     assert lab["vars"]["ansible_ssh_private_key_file"] == str(tmp_path / "id_ed25519")
     assert lab["vars"]["ernie_known_hosts"] == str(tmp_path / "known_hosts")
 

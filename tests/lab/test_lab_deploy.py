@@ -1,0 +1,294 @@
+"""Deploy over SSH against the lab's real sshd and systemd (issue: deploy, facts, converge, locks)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ernie_deploy.cli import main
+from ernie_deploy.lab import Lab, LabState
+from ernie_deploy.remote import converge
+from ernie_deploy.remote.ssh import Target, connect
+from ernie_deploy.render import environment_for_templates, render_host, templates_dir
+from lab.labhelpers import wait_for
+
+pytestmark = pytest.mark.lab
+
+UNITS_GLOB = "/etc/systemd/system/ernie-vllm-*.service /etc/ernie-deploy/ernie-vllm-*.env"
+CLEAN = ("for u in $(systemctl list-units --all --plain --no-legend 'ernie-vllm-*' | awk '{print $1}'); do "
+         "systemctl disable --now -q $u; systemctl reset-failed $u; done 2>/dev/null; "
+         "rm -rf /etc/systemd/system/ernie-vllm-* /etc/ernie-deploy /var/lib/ernie-deploy /var/log/ernie-deploy; "
+         "systemctl daemon-reload")
+
+
+def clean(lab: Lab, state: LabState) -> None:
+    for h in state.hosts:
+        lab.ssh(h.name, CLEAN)
+
+
+@pytest.fixture(scope="module")
+def deployed(lab: Lab, lab_state: LabState) -> Iterator[LabState]:
+    """The lab with every host cleaned before and after this module (other lab tests need free GPUs)."""
+    clean(lab, lab_state)
+    try:
+        yield lab_state
+    finally:
+        clean(lab, lab_state)
+
+
+def write_inventory(state: LabState, tmp: Path, **host_vars: dict[str, Any]) -> Path:
+    data = yaml.safe_load(Path(state.inventory).read_text())
+    for name, extra in host_vars.items():
+        data["all"]["children"]["lab"]["hosts"].setdefault(name, {}).update(extra)
+    path = tmp / "inventory.yml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def deploy(capsys: pytest.CaptureFixture[str], inv: Path, *args: str) -> tuple[int, dict[str, Any]]:
+    capsys.readouterr()
+    rc = main(["deploy", "-i", str(inv), "--json", "--health-timeout", "60", *args])
+    out = capsys.readouterr().out
+    return rc, {h["host"]: h for h in json.loads(out)["hosts"]}
+
+
+def snapshot(lab: Lab, state: LabState) -> dict[str, str]:
+    """File hashes and unit start times on every host: what --check must leave identical."""
+    script = (f"sha256sum {UNITS_GLOB} 2>/dev/null; for u in $(ls /etc/systemd/system | grep ernie-vllm); do "
+              "systemctl show -p Id,ActiveState,ExecMainStartTimestampMonotonic $u; done; ls -a /var/lib/ernie-deploy "
+              "2>/dev/null")
+    return {h.name: lab.ssh(h.name, script).stdout for h in state.hosts}
+
+
+def start_times(lab: Lab, host: str) -> dict[str, str]:
+    out = lab.ssh(host, "for u in $(ls /etc/systemd/system | grep ernie-vllm); do "
+                        "echo $u $(systemctl show -p ExecMainStartTimestampMonotonic --value $u); done").stdout
+    return dict(line.split() for line in out.splitlines())
+
+
+def test_check_on_fresh_hosts_changes_nothing(capsys: pytest.CaptureFixture[str], lab: Lab, deployed: LabState,
+                                               tmp_path: Path) -> None:
+    before = snapshot(lab, deployed)
+    rc, hosts = deploy(capsys, write_inventory(deployed, tmp_path), "--check", "--diff")
+    assert rc == 0
+    assert all(h["status"] == "changed" for h in hosts.values())
+    assert any("+ExecStart=/opt/vllm/bin/vllm serve /models/ERNIE-4.5-0.3B-PT" in d
+               for d in hosts["a10-2"]["diffs"])
+    assert snapshot(lab, deployed) == before
+
+
+def test_deploy_makes_every_unit_active_healthy_and_exactly_rendered(
+        capsys: pytest.CaptureFixture[str], lab: Lab, deployed: LabState, tmp_path: Path) -> None:
+    inv = write_inventory(deployed, tmp_path)
+    rc, hosts = deploy(capsys, inv)
+    assert rc == 0, hosts
+    assert {h["status"] for h in hosts.values()} == {"changed"}
+    from ernie_deploy.deploy import discovered
+    from ernie_deploy.inventory import load_inventory
+    from ernie_deploy.plan import PlanContext, plan_host
+    from ernie_deploy.remote.facts import gather_script, parse_facts
+
+    env = environment_for_templates(templates_dir())
+    for host in load_inventory(inv).select(None):
+        session = connect(Target.from_host(host.name, host.address, host.port, host.user, host.vars))
+        with session:
+            facts = parse_facts(session.run(gather_script("/models/ERNIE-4.5-0.3B-PT", "/opt/vllm/bin/vllm")).text)
+        plan = plan_host(host, PlanContext.load(), discovered(facts))
+        (unit, _env) = render_host(plan, env)
+        shown = lab.ssh(host.name, "systemctl cat ernie-vllm-0.service").stdout
+        # systemctl cat prefixes the file's path as a comment line; the rest is the file, byte for byte.
+        assert shown.split("\n", 1)[1] == unit.content
+        assert lab.ssh(host.name, "systemctl is-active ernie-vllm-0.service").stdout.strip() == "active"
+        address = host.vars["ansible_host"]
+        status = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
+                                 f"http://{address}:8000/health"], capture_output=True, text=True, timeout=30)
+        assert status.stdout == "200", host.name
+        mode = lab.ssh(host.name, "stat -c '%a %U' /etc/ernie-deploy/ernie-vllm-0.env").stdout.strip()
+        assert mode == "600 root"
+    audit = lab.ssh("a10-2", "cat /var/log/ernie-deploy/audit.log").stdout.splitlines()
+    entry = json.loads(audit[-1])
+    assert entry["host"] == "a10-2" and {f["path"] for f in entry["files"]} == {
+        "/etc/systemd/system/ernie-vllm-0.service", "/etc/ernie-deploy/ernie-vllm-0.env"}
+
+
+def test_second_deploy_changes_and_restarts_nothing_in_two_commands(
+        capsys: pytest.CaptureFixture[str], lab: Lab, deployed: LabState, tmp_path: Path) -> None:
+    before = {h.name: start_times(lab, h.name) for h in deployed.hosts}
+    rc, hosts = deploy(capsys, write_inventory(deployed, tmp_path))
+    assert rc == 0
+    assert {h["status"] for h in hosts.values()} == {"ok"}
+    # One SSH connection per host: lock + facts in one command, release in the other.
+    assert {h["remote_commands"] for h in hosts.values()} == {2}
+    assert {h.name: start_times(lab, h.name) for h in deployed.hosts} == before
+
+
+def test_changing_one_hosts_variable_restarts_only_its_instance(
+        capsys: pytest.CaptureFixture[str], lab: Lab, deployed: LabState, tmp_path: Path) -> None:
+    before = {h.name: start_times(lab, h.name) for h in deployed.hosts}
+    rc, hosts = deploy(capsys, write_inventory(deployed, tmp_path, **{"a10-2": {"vllm_max_model_len": 2048}}),
+                       "--diff")
+    assert rc == 0
+    assert hosts["a10-2"]["status"] == "changed" and hosts["a10-2"]["restarted"] == ["ernie-vllm-0.service"]
+    assert hosts["a10-2"]["changed_files"] == ["/etc/systemd/system/ernie-vllm-0.service"]
+    diff = hosts["a10-2"]["diffs"][0]
+    assert "---" in diff and "-ExecStart=" in diff and "--max-model-len 2048" in diff
+    after = {h.name: start_times(lab, h.name) for h in deployed.hosts}
+    assert after["a10-2"] != before["a10-2"]
+    assert {k: v for k, v in after.items() if k != "a10-2"} == {k: v for k, v in before.items() if k != "a10-2"}
+    assert "Using max model len 2048" in lab.ssh("a10-2", "journalctl -u ernie-vllm-0 --no-pager -o cat").stdout
+
+
+def test_secret_change_diff_is_redacted_and_env_file_is_0600(
+        capsys: pytest.CaptureFixture[str], lab: Lab, deployed: LabState, tmp_path: Path) -> None:
+    inv = write_inventory(deployed, tmp_path, **{"a10-1": {"vllm_api_key": "sk-lab-secret-1"}})
+    rc, hosts = deploy(capsys, inv, "--limit", "a10-1", "--diff")
+    assert rc == 0 and hosts["a10-1"]["restarted"] == ["ernie-vllm-0.service"]
+    text = json.dumps(hosts)
+    assert "sk-lab-secret-1" not in text and "VLLM_API_KEY=[REDACTED]" in text
+    assert "sk-lab-secret-1" not in lab.ssh("a10-1", "ps -eo args").stdout  # never on a command line
+    assert lab.ssh("a10-1", "systemctl cat ernie-vllm-0.service | grep -c sk-lab").stdout.strip() == "0"
+
+
+def test_host_with_wrong_gpu_count_fails_with_both_numbers_and_is_untouched(
+        capsys: pytest.CaptureFixture[str], lab: Lab, deployed: LabState, tmp_path: Path) -> None:
+    before = snapshot(lab, deployed)
+    rc, hosts = deploy(capsys, write_inventory(deployed, tmp_path, **{"a10-2": {"gpu_count": 4}}), "--limit", "a10-2")
+    assert rc == 2
+    assert hosts["a10-2"]["status"] == "failed"
+    assert "gpu_count: inventory says 4, nvidia-smi found 2" in hosts["a10-2"]["findings"][0]["message"]
+    assert snapshot(lab, deployed)["a10-2"] == before["a10-2"]
+
+
+def test_changed_host_key_is_refused_with_fingerprint(capsys: pytest.CaptureFixture[str], deployed: LabState,
+                                                      tmp_path: Path) -> None:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "other")], check=True)
+    other = (tmp_path / "other.pub").read_text().split()
+    lines = Path(deployed.known_hosts).read_text().splitlines()
+    address = deployed.host("a10-1").address
+    forged = [f"{address} {other[0]} {other[1]}" if line.startswith(address + " ") else line for line in lines]
+    (tmp_path / "known_hosts").write_text("\n".join(forged) + "\n")
+    inv = write_inventory(deployed, tmp_path)
+    data = yaml.safe_load(inv.read_text())
+    data["all"]["children"]["lab"]["vars"]["ernie_known_hosts"] = str(tmp_path / "known_hosts")
+    inv.write_text(yaml.safe_dump(data))
+    rc, hosts = deploy(capsys, inv, "--limit", "a10-1,a10-2")
+    assert rc == 2
+    assert hosts["a10-1"]["status"] == "failed"
+    assert "host key refused" in hosts["a10-1"]["message"] and "CHANGED" in hosts["a10-1"]["message"]
+    assert "SHA256:" in hosts["a10-1"]["message"] and "ssh-keygen -R" in hosts["a10-1"]["hint"]
+    assert hosts["a10-2"]["status"] in ("ok", "changed")  # reachable and deployed
+
+
+def test_unknown_host_key_refused_unless_accept_new(capsys: pytest.CaptureFixture[str], deployed: LabState,
+                                                    tmp_path: Path) -> None:
+    inv = write_inventory(deployed, tmp_path)
+    data = yaml.safe_load(inv.read_text())
+    data["all"]["children"]["lab"]["vars"]["ernie_known_hosts"] = str(tmp_path / "empty_known_hosts")
+    inv.write_text(yaml.safe_dump(data))
+    rc, hosts = deploy(capsys, inv, "--limit", "a10-1")
+    assert rc == 2 and "unknown host key" in hosts["a10-1"]["message"] and "SHA256:" in hosts["a10-1"]["message"]
+    rc, hosts = deploy(capsys, inv, "--limit", "a10-1", "--host-key-policy", "accept-new")
+    assert rc == 0
+    recorded = (tmp_path / "empty_known_hosts").read_text()
+    assert recorded.startswith(deployed.host("a10-1").address + " ssh-ed25519 ")
+
+
+def test_stopped_host_is_unreachable_while_others_deploy(capsys: pytest.CaptureFixture[str], lab: Lab,
+                                                         deployed: LabState, tmp_path: Path) -> None:
+    # Stop sshd with a transient timer that brings it back, so the lab host recovers by itself.
+    lab.ssh("a10-4", "systemd-run -q --on-active=25 /bin/systemctl start ssh.service; systemctl stop ssh.service")
+    try:
+        rc, hosts = deploy(capsys, write_inventory(deployed, tmp_path, **{"a10-2": {"vllm_max_model_len": 3072}}))
+        assert rc == 4
+        assert hosts["a10-4"]["status"] == "unreachable"
+        assert hosts["a10-2"]["status"] == "changed" and hosts["a10-1"]["status"] in ("ok", "changed")
+    finally:
+        assert wait_for(lambda: lab.ssh("a10-4", "true", timeout=10).returncode == 0, timeout=60, interval=1)
+
+
+def test_held_lock_fails_cleanly_then_lock_wait_succeeds(capsys: pytest.CaptureFixture[str], lab: Lab,
+                                                         deployed: LabState, tmp_path: Path) -> None:
+    info = json.dumps({"token": "otherrun", "user": "alice", "controller": "ops1", "pid": 7, "since": 0,
+                       "command": "ernie-deploy deploy"})
+    lab.ssh("a10-1", "mkdir -p /var/lib/ernie-deploy/lock && cat > /var/lib/ernie-deploy/lock/info", input=info)
+    inv = write_inventory(deployed, tmp_path, **{"a10-1": {"vllm_max_model_len": 3000}})
+    rc, hosts = deploy(capsys, inv, "--limit", "a10-1")
+    assert rc == 6 and hosts["a10-1"]["status"] == "locked"
+    assert "alice@ops1 (pid 7)" in hosts["a10-1"]["message"]
+    capsys.readouterr()
+    assert main(["lock", "-i", str(inv), "--limit", "a10-1", "--show"]) == 0
+    assert "alice@ops1" in capsys.readouterr().out
+    release = subprocess.Popen(["sh", "-c", "sleep 2"])  # the other deploy "finishes" after 2 s
+    try:
+        lab.ssh("a10-1", "(sleep 2; rm -rf /var/lib/ernie-deploy/lock) >/dev/null 2>&1 &")
+        rc, hosts = deploy(capsys, inv, "--limit", "a10-1", "--lock-wait", "30")
+    finally:
+        release.wait()
+    assert rc == 0 and hosts["a10-1"]["status"] == "changed"
+    assert lab.ssh("a10-1", "test -e /var/lib/ernie-deploy/lock").returncode != 0  # ours was released
+
+
+def test_truncated_upload_leaves_no_half_written_file(lab: Lab, deployed: LabState) -> None:
+    """A controller killed mid-upload: the stream ends early, tar fails, nothing is moved, no temp is left."""
+    from ernie_deploy.inventory import load_inventory
+    from ernie_deploy.plan import PlanContext, plan_host
+
+    host = load_inventory(Path(deployed.inventory)).hosts["a10-1"]
+    plan = plan_host(host, PlanContext.load())
+    files = render_host(plan, environment_for_templates(templates_dir()))
+    files = [type(f)(f.path, f.content + "# padding\n" * 2000, f.mode, f.secret) for f in files]
+    before = lab.ssh("a10-1", f"sha256sum {UNITS_GLOB}").stdout
+    from ernie_deploy.remote.facts import HostFacts
+
+    changes = converge.compute_changes(plan, files, HostFacts(), prune=False)
+    data = converge.payload(files, changes, {"test": "truncated"})
+    with connect(Target.from_host(host.name, host.address, host.port, host.user, host.vars)) as session:
+        result = session.run(converge.apply_script(files, changes), stdin=data[: len(data) // 2], check=False)
+    assert result.code != 0
+    assert lab.ssh("a10-1", f"sha256sum {UNITS_GLOB}").stdout == before
+    leftovers = lab.ssh("a10-1", "ls -a /etc/systemd/system /etc/ernie-deploy /var/lib/ernie-deploy").stdout
+    assert ".new" not in leftovers and "staging" not in leftovers
+
+
+def test_killed_deploy_process_leaves_whole_files(lab: Lab, deployed: LabState, tmp_path: Path) -> None:
+    inv = write_inventory(deployed, tmp_path, **{"a10-1": {"vllm_max_model_len": 1024}})
+    proc = subprocess.Popen([sys.executable, "-m", "ernie_deploy", "deploy", "-i", str(inv), "--limit", "a10-1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.8)  # somewhere in connect / gather / apply
+    proc.kill()
+    proc.wait(timeout=10)
+    unit = lab.ssh("a10-1", "cat /etc/systemd/system/ernie-vllm-0.service").stdout
+    assert unit.endswith("WantedBy=multi-user.target\n")  # whole: old or new, never cut
+    assert ".new" not in lab.ssh("a10-1", "ls -a /etc/systemd/system /etc/ernie-deploy").stdout
+    lab.ssh("a10-1", "rm -rf /var/lib/ernie-deploy/lock")  # the killed run could not release its lock
+
+
+def test_sudo_user_can_deploy(capsys: pytest.CaptureFixture[str], lab: Lab, deployed: LabState,
+                              tmp_path: Path) -> None:
+    inv = write_inventory(deployed, tmp_path, **{"a10-1": {"ansible_user": "deploy", "vllm_max_model_len": 1536}})
+    rc, hosts = deploy(capsys, inv, "--limit", "a10-1")
+    assert rc == 0, hosts
+    assert hosts["a10-1"]["status"] == "changed"
+    assert lab.ssh("a10-1", "stat -c '%a %U' /etc/ernie-deploy/ernie-vllm-0.env").stdout.strip() == "600 root"
+    assert "--max-model-len 1536" in lab.ssh("a10-1", "systemctl cat ernie-vllm-0.service").stdout
+
+
+def test_prune_removes_instances_no_longer_planned(capsys: pytest.CaptureFixture[str], lab: Lab,
+                                                   deployed: LabState, tmp_path: Path) -> None:
+    two = write_inventory(deployed, tmp_path, **{"a10-2": {"vllm_instances": 2, "vllm_tensor_parallel_size": 1}})
+    rc, hosts = deploy(capsys, two, "--limit", "a10-2")
+    assert rc == 0 and hosts["a10-2"]["restarted"] == ["ernie-vllm-0.service"]
+    assert hosts["a10-2"]["started"] == ["ernie-vllm-1.service"]
+    one = write_inventory(deployed, tmp_path, **{"a10-2": {"vllm_tensor_parallel_size": 1}})
+    rc, hosts = deploy(capsys, one, "--limit", "a10-2", "--prune")
+    assert rc == 0 and hosts["a10-2"]["pruned"] == ["ernie-vllm-1.service"]
+    assert lab.ssh("a10-2", "test -e /etc/systemd/system/ernie-vllm-1.service").returncode != 0
+    assert lab.ssh("a10-2", "systemctl is-active ernie-vllm-1.service").stdout.strip() != "active"
