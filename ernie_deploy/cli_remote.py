@@ -7,18 +7,22 @@ import logging
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from ernie_deploy import console
+from ernie_deploy.checks.junit import to_junit
+from ernie_deploy.checks.result import CheckResult
 from ernie_deploy.deploy import Options, Runner, target_for
 from ernie_deploy.errors import DeployError
 from ernie_deploy.inventory import load_inventory
 from ernie_deploy.plan import PlanContext, plan_host
-from ernie_deploy.recap import show_recap, show_results
+from ernie_deploy.recap import show_checks, show_recap, show_results
 from ernie_deploy.remote import lock
 from ernie_deploy.remote.facts import gather_script, parse_facts
 from ernie_deploy.remote.ssh import HostKeyPolicy, RemoteError, connect
 from ernie_deploy.results import JSON_SCHEMA, exit_code
+from ernie_deploy.verify import Verifier
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +64,22 @@ def register(sub: argparse._SubParsersAction, common: Any) -> None:
     p.add_argument("--prune", action="store_true", help="remove units of instances no longer in the plan")
     p.add_argument("--any-errors-fatal", action="store_true", help="stop touching other hosts after a failure")
     p.add_argument("--lock-wait", type=float, default=0.0, metavar="S", help="wait up to S seconds for a held lock")
-    p.add_argument("--health-timeout", type=float, default=600.0, metavar="S",
-                   help="how long a (re)started instance may take to answer /health (default 600)")
+    p.add_argument("--startup-budget", "--health-timeout", dest="health_timeout", type=float, default=0.0,
+                   metavar="S", help="seconds a (re)started instance may take to become ready (default: each "
+                                     "host's vllm_startup_budget, 600 unless set)")
     p.add_argument("--json", action="store_true", help=f"machine-readable results (schema {JSON_SCHEMA})")
     p.set_defaults(func=cmd_deploy)
+
+    p = sub.add_parser("verify", help="check running services: readiness, smoke test, log keywords, GPU balance",
+                       description="Without restarting anything, check every instance: systemd state, its start-up "
+                                   "log (the tensor parallel size vLLM really uses, context length, KV capacity, "
+                                   "no fatal errors), /health, /v1/models, one small completion, and GPU balance. "
+                                   "Exit codes: 0 all checks pass, 2 a check failed, 4 a host unreachable.")
+    common(p)
+    _ssh_options(p)
+    p.add_argument("--json", action="store_true", help=f"machine-readable results (schema {JSON_SCHEMA})")
+    p.add_argument("--junit", type=Path, metavar="FILE", help="also write JUnit XML for CI pipelines")
+    p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("facts", help="what each host really has: GPUs, NVLink, systemd, units, model, vLLM",
                        description="Gather facts in one SSH round trip per host, read-only.")
@@ -98,6 +114,26 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         show_results(results, verbose=args.verbose)
         show_recap(results)
     return exit_code(results)
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    _, ctx, hosts = _targets(args)
+    options = Options(forks=args.forks, known_hosts=tuple(args.known_hosts), command="ernie-deploy verify")
+    with console.HostProgress("verify") as progress:
+        results = Verifier(ctx, _connector(args), options, progress.update).run(hosts)
+    if args.junit:
+        args.junit.write_text(to_junit({r.host: r.checks or [_unreached(r)] for r in results}))
+    if args.json:
+        console.print_json({"schema": JSON_SCHEMA, "command": "verify", "exit_code": exit_code(results),
+                            "hosts": [r.to_json() for r in results]})
+    else:
+        show_checks(results, verbose=args.verbose)
+        show_recap(results)
+    return exit_code(results)
+
+
+def _unreached(r: Any) -> CheckResult:
+    return CheckResult("host", "fail", f"{r.status.value}: {r.message}", fix=r.hint)
 
 
 def _each(args: argparse.Namespace, hosts: Sequence[Any], work: Any) -> list[tuple[str, Any, str | None]]:

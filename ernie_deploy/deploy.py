@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Protocol
 
+from ernie_deploy import readiness
 from ernie_deploy.errors import DeployError
 from ernie_deploy.findings import Severity
+from ernie_deploy.instancecheck import Expectations, instance_checks
 from ernie_deploy.plan import HostLike, PlanContext, plan_host
-from ernie_deploy.plantypes import Discovered, HostPlan
-from ernie_deploy.remote import converge, lock
+from ernie_deploy.plantypes import Discovered, HostPlan, InstancePlan
+from ernie_deploy.remote import converge, lock, probe
 from ernie_deploy.remote.facts import HostFacts, gather_script, parse_facts
 from ernie_deploy.remote.ssh import Failure, RemoteError, RunResult, Target
 from ernie_deploy.render import environment_for_templates, render_host, templates_dir
@@ -49,7 +49,7 @@ class Options:
     forks: int = 5
     any_errors_fatal: bool = False
     lock_wait: float = 0.0
-    health_timeout: float = 600.0
+    health_timeout: float = 0.0  # 0: each host's vllm_startup_budget
     command: str = "ernie-deploy deploy"
     known_hosts: tuple[str, ...] = ()
 
@@ -82,6 +82,7 @@ class Runner:
         self.abort = threading.Event()
         self.templates = environment_for_templates(templates_dir())
         self.lock = lock.LockInfo.mine(options.command)
+        self.expectations = Expectations()
 
     def run(self, hosts: Sequence[HostLike]) -> list[HostResult]:
         results: dict[str, HostResult] = {}
@@ -201,21 +202,41 @@ class Runner:
                  "files": [{"path": c.path, "old_sha256": c.old_sha256, "new_sha256": c.new_sha256}
                            for c in changes.files],
                  "restart": list(changes.restart), "start": list(changes.start), "prune": list(changes.prune)}
-        session.run(converge.apply_script(files, changes), stdin=converge.payload(files, changes, audit),
-                    label="apply changes", timeout=300)
-        waiting = [i for i in plan.instances if f"{i.unit}.service" in changes.restart + changes.start]
-        for inst in waiting:
-            self.progress(plan.name, f"waiting for {inst.unit} /health")
-            address = plan.address if inst.host in ("0.0.0.0", "::") else inst.host
-            if not wait_healthy(address, inst.port, opts.health_timeout, self.abort):
-                tail = session.run(f"journalctl -u {inst.unit}.service -n 15 --no-pager -o cat", check=False,
-                                   label="journal tail").text
-                result.status = Status.FAILED
-                result.message = f"{inst.unit} did not answer /health with 200 within {opts.health_timeout:.0f}s"
-                result.evidence = tail.splitlines()
-                result.hint = "see the journal lines above; `ernie-deploy verify` checks every instance in detail"
-                return
-        result.message = "changed and healthy"
+        applied = session.run(converge.apply_script(files, changes), stdin=converge.payload(files, changes, audit),
+                              label="apply changes", timeout=300).text
+        since = next((f"@{line.split()[-1]}" for line in applied.splitlines()
+                      if line.startswith("@@ernie-deploy:restart-at ")), None)
+        started = [i for i in plan.instances if f"{i.unit}.service" in changes.restart + changes.start]
+        if started and since is not None and not self._verify_started(session, plan, started, since, result):
+            return
+        result.message = "changed; every (re)started instance verified" if started else "changed"
+
+    def _verify_started(self, session: Session, plan: HostPlan, started: list[InstancePlan], since: str,
+                        result: HostResult) -> bool:
+        """Readiness watch, then every instance check, for each (re)started instance. False on failure."""
+        budget = self.options.health_timeout or float(plan.settings["startup_budget"].value)
+        for inst in started:
+            self.progress(plan.name, f"waiting for {inst.unit} to become ready")
+            ready = readiness.watch(session, plan, inst, since=since, budget=budget, exp=self.expectations,
+                                    abort=self.abort)
+            if ready.status != "ready":
+                result.status, result.message = Status.FAILED, ready.summary
+                result.hint = " · ".join(x for x in (ready.cause, ready.fix) if x) or None
+                result.evidence = ready.evidence
+                return False
+        self.progress(plan.name, "checking the started instances")
+        units = [f"{i.unit}.service" for i in started]
+        units_state, other = probe.parse(session.run(probe.host_script(units), label="probe instances").text)
+        for inst in started:
+            result.checks += instance_checks(plan, inst, units_state.get(f"{inst.unit}.service", probe.UnitState()),
+                                             other.get("gpus", ""), other.get("apps", ""), other.get("ps", ""),
+                                             self.expectations)
+        failed = [c for c in result.checks if c.status == "fail"]
+        if failed:
+            result.status = Status.FAILED
+            result.message = f"{len(failed)} check(s) failed after the restart: " + "; ".join(c.summary for c in failed)
+            return False
+        return True
 
 
 class LockHeld(DeployError):
@@ -223,19 +244,3 @@ class LockHeld(DeployError):
         super().__init__(f"deploy lock {holder}", where=host,
                          hint="wait with --lock-wait SECONDS, or if that deploy is dead: "
                               "ernie-deploy lock -i INV --limit HOST --break")
-
-
-def wait_healthy(address: str, port: int, timeout: float, abort: threading.Event) -> bool:
-    """Poll GET /health with backoff until 200 or the deadline. Refused connections mean "still loading"."""
-    deadline = time.monotonic() + timeout
-    delay = 0.2
-    while time.monotonic() < deadline and not abort.is_set():
-        try:
-            with urllib.request.urlopen(f"http://{address}:{port}/health", timeout=5) as resp:
-                if resp.status == 200:
-                    return True
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-        delay = min(delay * 1.5, 5.0)
-    return False

@@ -33,8 +33,42 @@ def show_results(results: Sequence[HostResult], verbose: int = 0) -> None:
             console.out.print(diff, markup=False, highlight=False)
         for line in r.evidence:
             console.out.print(f"    | {line}", markup=False)
+        bad = [c for c in r.checks if c.status != "pass"]
+        for c in bad:
+            console.out.print(f"    {c.status} {c.instance} {c.name}: {c.summary}", markup=False)
+        if r.checks and verbose:
+            for c in r.checks:
+                console.out.print(f"    {c.status} {c.instance} {c.name}: {c.summary}", markup=False)
         if verbose:
             console.out.print(f"    remote commands: {r.commands} ({', '.join(r.command_log)})", markup=False)
+
+
+MARK = {"pass": "[green]✓[/]", "warn": "[yellow]![/]", "fail": "[bold red]✗[/]"}
+
+
+def show_checks(results: Sequence[HostResult], verbose: int = 0) -> None:
+    """verify's report: per host and instance, each check with its evidence."""
+    show_results([r for r in results if not r.checks], verbose)
+    for r in results:
+        if not r.checks:
+            continue
+        console.out.print(f"[{COLOUR[r.status]}]{r.status.value}[/]: [bold]{r.host}[/] ({r.seconds:.1f}s) {r.message}",
+                          markup=True, highlight=False)
+        instance = None
+        for c in r.checks:
+            if c.instance != instance:
+                instance = c.instance
+                console.out.print(f"  {instance}", markup=False)
+            console.out.print(f"    {MARK[c.status]} {c.name}: ", markup=True, end="")
+            console.out.print(c.summary, markup=False, highlight=False)
+            if c.status != "pass" or verbose:
+                for line in c.evidence[:12]:
+                    console.out.print(f"        | {line}", markup=False, highlight=False)
+            if c.status != "pass":
+                if c.cause:
+                    console.out.print(f"        cause: {c.cause}", markup=False)
+                if c.fix:
+                    console.out.print(f"        fix: {c.fix}", markup=False)
 
 
 def show_recap(results: Sequence[HostResult]) -> None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from ernie_deploy.checks.result import CheckResult
 from ernie_deploy.findings import Finding
 
 JSON_SCHEMA = "ernie-deploy/deploy/v1"
@@ -40,6 +41,7 @@ class HostResult:
     diffs: list[str] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     evidence: list[str] = field(default_factory=list)
+    checks: list[CheckResult] = field(default_factory=list)
     commands: int = 0
     command_log: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -50,6 +52,7 @@ class HostResult:
             "changed_files": self.changed_files, "restarted": self.restarted, "started": self.started,
             "enabled": self.enabled, "pruned": self.pruned, "reasons": self.reasons, "diffs": self.diffs,
             "findings": [f.to_json() for f in self.findings], "evidence": self.evidence,
+            "checks": [c.to_json() for c in self.checks],
             "remote_commands": self.commands, "seconds": round(self.seconds, 3),
         }
 

@@ -64,6 +64,7 @@ SETTING_TYPES: dict[str, SettingType] = {
     "user": SettingType(str),
     "env": SettingType(dict, item=str),
     "drain_timeout": SettingType(int),
+    "startup_budget": SettingType((int, float)),
     "allow_fallback": SettingType(bool),
     "api_key": SettingType(str, secret=True),
 }
@@ -79,6 +80,9 @@ DEFAULTS: dict[str, Any] = {
     "user": "vllm",
     "env": {},
     "drain_timeout": 30,
+    # Seconds a (re)started instance may take to become ready: real loads (weights, torch.compile, CUDA
+    # graphs) take minutes; the lab's simulator takes seconds.
+    "startup_budget": 600,
     "allow_fallback": False,
 }
 

@@ -134,6 +134,9 @@ def apply_script(files: list[RenderedFile], changes: Changes) -> str:
         lines.append("systemctl daemon-reload")
     if changes.enable:
         lines.append("systemctl enable -q " + " ".join(q(u) for u in changes.enable))
+    if changes.restart or changes.start:
+        # Where this start's journal begins, for the readiness watch.
+        lines.append("printf '@@ernie-deploy:restart-at %s\\n' \"$(date +%s.%N)\"")
     if changes.restart:
         lines.append("systemctl restart " + " ".join(q(u) for u in changes.restart))
     if changes.start:

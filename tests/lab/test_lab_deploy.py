@@ -55,7 +55,7 @@ def write_inventory(state: LabState, tmp: Path, **host_vars: dict[str, Any]) -> 
 
 def deploy(capsys: pytest.CaptureFixture[str], inv: Path, *args: str) -> tuple[int, dict[str, Any]]:
     capsys.readouterr()
-    rc = main(["deploy", "-i", str(inv), "--json", "--health-timeout", "60", *args])
+    rc = main(["deploy", "-i", str(inv), "--json", "--startup-budget", "60", *args])
     out = capsys.readouterr().out
     return rc, {h["host"]: h for h in json.loads(out)["hosts"]}
 

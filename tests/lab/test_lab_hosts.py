@@ -40,10 +40,11 @@ def test_inventory_describes_the_lab(lab_state: LabState) -> None:
     inventory = yaml.safe_load(Path(lab_state.inventory).read_text())
     group = inventory["all"]["children"]["lab"]
     assert group["hosts"] == {
-        h.name: {"ansible_host": h.address, "gpu_model": h.gpu_model, "gpu_count": h.gpu_count} for h in SPEC.hosts
+        h.name: {"ansible_host": h.address, "gpu_model": h.gpu_model, "gpu_count": h.gpu_count,
+                 "vllm_host": h.address} for h in SPEC.hosts
     }
     assert group["hosts"]["a100-2"] == {"ansible_host": "127.0.0.14", "gpu_model": "NVIDIA A100-SXM4-80GB",
-                                        "gpu_count": 2}
+                                        "gpu_count": 2, "vllm_host": "127.0.0.14"}
     assert group["vars"] == {
         "ansible_user": "root", "ansible_port": 22, "ansible_ssh_private_key_file": lab_state.key,
         "ernie_known_hosts": lab_state.known_hosts, "vllm_model": "/models/ERNIE-4.5-0.3B-PT",
