@@ -80,21 +80,9 @@ PROFILES: dict[tuple[int, ...], Profile] = {
         world_size_new_text=True,
         free_mem_device_name=True,
     ),
-    # club-3090#612 shows "(EngineCore pid=…)" with vLLM 0.24.0.
-    (0, 24, 0): replace(
-        _BASE,
-        version="0.24.0",
-        has_shutdown_timeout=True,
-        gpu_util_default=0.92,
-        has_swap_space=False,
-        disable_log_requests=None,
-        new_server_start=True,
-        new_banner=True,
-        world_size_new_text=True,
-        free_mem_device_name=True,
-        engine_proc="EngineCore",
-    ),
 }
+# club-3090#612 shows "(EngineCore pid=…)" with vLLM 0.24.0.
+PROFILES[(0, 24, 0)] = replace(PROFILES[(0, 20, 0)], version="0.24.0", engine_proc="EngineCore")
 # Reference §6: the KV-OOM message reads "model's" from 0.27.1 on.
 PROFILES[(0, 27, 1)] = replace(PROFILES[(0, 24, 0)], version="0.27.1", kv_typo_models=False)
 PROFILES[(0, 33, 0)] = replace(PROFILES[(0, 24, 0)], version="0.33.0", derived_len_float=True, kv_typo_models=False)
