@@ -15,8 +15,10 @@ from ernie_deploy.checks.junit import to_junit
 from ernie_deploy.checks.result import CheckResult
 from ernie_deploy.deploy import Options, Runner, target_for
 from ernie_deploy.errors import DeployError
+from ernie_deploy.instancecheck import Expectations
 from ernie_deploy.inventory import load_inventory
 from ernie_deploy.plan import PlanContext, plan_host
+from ernie_deploy.playbook import load_playbook
 from ernie_deploy.recap import show_checks, show_recap, show_results
 from ernie_deploy.remote import lock
 from ernie_deploy.remote.facts import gather_script, parse_facts
@@ -68,6 +70,8 @@ def register(sub: argparse._SubParsersAction, common: Any) -> None:
                    metavar="S", help="seconds a (re)started instance may take to become ready (default: each "
                                      "host's vllm_startup_budget, 600 unless set)")
     p.add_argument("--json", action="store_true", help=f"machine-readable results (schema {JSON_SCHEMA})")
+    p.add_argument("--playbook", type=Path, metavar="FILE",
+                   help="extra checks run after each restart (see playbooks/verify.yml)")
     p.set_defaults(func=cmd_deploy)
 
     p = sub.add_parser("verify", help="check running services: readiness, smoke test, log keywords, GPU balance",
@@ -79,6 +83,8 @@ def register(sub: argparse._SubParsersAction, common: Any) -> None:
     _ssh_options(p)
     p.add_argument("--json", action="store_true", help=f"machine-readable results (schema {JSON_SCHEMA})")
     p.add_argument("--junit", type=Path, metavar="FILE", help="also write JUnit XML for CI pipelines")
+    p.add_argument("--playbook", type=Path, metavar="FILE",
+                   help="extra checks: expect/forbid log patterns, streamed smoke test (playbooks/verify.yml)")
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("facts", help="what each host really has: GPUs, NVLink, systemd, units, model, vLLM",
@@ -105,8 +111,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
                       any_errors_fatal=args.any_errors_fatal, lock_wait=args.lock_wait,
                       health_timeout=args.health_timeout, known_hosts=tuple(args.known_hosts),
                       command="ernie-deploy deploy" + (" --check" if args.check else ""))
+    exp = load_playbook(args.playbook) if args.playbook else Expectations()
     with console.HostProgress("deploy" + (" (check mode)" if args.check else "")) as progress:
-        results = Runner(ctx, _connector(args), options, progress.update).run(hosts)
+        results = Runner(ctx, _connector(args), options, progress.update, exp).run(hosts)
     if args.json:
         console.print_json({"schema": JSON_SCHEMA, "check": args.check, "exit_code": exit_code(results),
                             "hosts": [r.to_json() for r in results]})
@@ -119,8 +126,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     _, ctx, hosts = _targets(args)
     options = Options(forks=args.forks, known_hosts=tuple(args.known_hosts), command="ernie-deploy verify")
+    exp = load_playbook(args.playbook) if args.playbook else Expectations()
     with console.HostProgress("verify") as progress:
-        results = Verifier(ctx, _connector(args), options, progress.update).run(hosts)
+        results = Verifier(ctx, _connector(args), options, progress.update, exp).run(hosts)
     if args.junit:
         args.junit.write_text(to_junit({r.host: r.checks or [_unreached(r)] for r in results}))
     if args.json:

@@ -74,7 +74,7 @@ class Runner:
     """One deploy (or check) run over many hosts."""
 
     def __init__(self, ctx: PlanContext, connector: Connector, options: Options,
-                 progress: Progress | None = None) -> None:
+                 progress: Progress | None = None, expectations: Expectations | None = None) -> None:
         self.ctx = ctx
         self.connect = connector
         self.options = options
@@ -82,7 +82,7 @@ class Runner:
         self.abort = threading.Event()
         self.templates = environment_for_templates(templates_dir())
         self.lock = lock.LockInfo.mine(options.command)
-        self.expectations = Expectations()
+        self.expectations = expectations or Expectations()
 
     def run(self, hosts: Sequence[HostLike]) -> list[HostResult]:
         results: dict[str, HostResult] = {}

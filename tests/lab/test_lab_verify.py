@@ -65,6 +65,22 @@ def test_healthy_lab_passes_every_check_and_shows_the_tp(capsys: pytest.CaptureF
     assert "Using tensor parallel size 4 ✓" in capsys.readouterr().out
 
 
+def test_playbook_expect_forbid_and_streaming(capsys: pytest.CaptureFixture[str], verified: Path,
+                                              tmp_path: Path) -> None:
+    from conftest import ROOT
+
+    rc, hosts = run(capsys, "verify", verified, "--limit", "a10-2", "--playbook", str(ROOT / "playbooks/verify.yml"))
+    assert rc == 0, hosts["a10-2"]["checks"]
+    names = {c["name"]: c for c in hosts["a10-2"]["checks"]}
+    assert names["expect Using max model len {max_model_len}"]["status"] == "pass"
+    assert "(first byte" in names["http_completion"]["summary"]
+    strict = tmp_path / "strict.yml"
+    strict.write_text('verify:\n  forbid: ["Using max model len {max_model_len}"]\n  expect: ["no such line"]\n')
+    rc, hosts = run(capsys, "verify", verified, "--limit", "a10-2", "--playbook", str(strict))
+    failed = {c["name"] for c in hosts["a10-2"]["checks"] if c["status"] == "fail"}
+    assert rc == 2 and failed == {"forbid Using max model len {max_model_len}", "expect no such line"}
+
+
 def test_hand_edited_tp_is_caught_with_both_numbers_and_idle_gpu(capsys: pytest.CaptureFixture[str], lab: Lab,
                                                                  verified: Path) -> None:
     lab.ssh("a10-2", "sed -i 's/--tensor-parallel-size 2/--tensor-parallel-size 1/' "
