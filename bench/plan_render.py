@@ -20,7 +20,7 @@ import yaml
 
 from ernie_deploy.inventory import load_inventory
 from ernie_deploy.plan import PlanContext, plan_hosts
-from ernie_deploy.render import environment_for_templates, render_host, templates_dir
+from ernie_deploy.render import environment_for_templates, render_hosts, templates_dir
 
 ROWS = [("NVIDIA A10", 1), ("NVIDIA A10", 2), ("NVIDIA A10", 4), ("NVIDIA A100-SXM4-80GB", 2)]
 
@@ -47,9 +47,10 @@ def run(n: int) -> dict[str, float]:
         plans = plan_hosts(list(inventory.select(None)), PlanContext.load())
         t2 = time.perf_counter()
         env = environment_for_templates(templates_dir())
-        files = sum(len(render_host(p, env)) for p in plans)
+        rendered, failed = render_hosts(plans, env)
         t3 = time.perf_counter()
-    assert len(plans) == n and all(p.ok for p in plans) and files == 2 * n
+    assert len(plans) == n and all(p.ok for p in plans) and not failed
+    assert sum(len(files) for files in rendered.values()) == 2 * n
     return {"load": t1 - t0, "plan": t2 - t1, "render": t3 - t2, "total": t3 - t0}
 
 

@@ -24,7 +24,7 @@ from ernie_deploy.inventory import Inventory, load_inventory
 from ernie_deploy.lab.cli import register as register_lab
 from ernie_deploy.plan import PlanContext, plan_hosts
 from ernie_deploy.plantypes import HostPlan
-from ernie_deploy.render import environment_for_templates, render_host, templates_dir
+from ernie_deploy.render import environment_for_templates, render_hosts, templates_dir
 from ernie_deploy.report import show_explain, show_plans
 
 EXIT_OK, EXIT_PLAN_ERRORS, EXIT_INPUT = 0, 1, 5
@@ -134,12 +134,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_render(args: argparse.Namespace) -> int:
     plans = _plans(args)
     env = environment_for_templates(templates_dir(args.templates))
-    rendered, failed = {}, {}
-    for plan in plans:
-        try:
-            rendered[plan.name] = render_host(plan, env)
-        except DeployError as exc:
-            failed[plan.name] = exc
+    rendered, failed = render_hosts(plans, env)
     args.output.mkdir(parents=True, exist_ok=True)
     written = []
     for host, files in rendered.items():

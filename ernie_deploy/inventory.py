@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from ernie_deploy.bulk import collector_paused
 from ernie_deploy.errors import InventoryError
 from ernie_deploy.inventory_patterns import PatternMatcher, expand_host_key
 
@@ -328,6 +329,7 @@ class Inventory:
         # group_vars/ and host_vars/ are looked up beside the real location of the inventory's directory.
         self._basedir = Path(os.path.realpath(path.absolute().parent))
         self._file_vars_cache: dict[tuple[str, str], dict[str, Any]] = {}
+        self._vars_dirs: dict[str, bool] = {}
         self._depth: dict[str, int] = {}
         self._matcher = PatternMatcher(list(self._groups), list(self._host_inv_vars), self._group_hosts)
         self.hosts: dict[str, Host] = {}
@@ -385,7 +387,9 @@ class Inventory:
 
     def _vars_files(self, subdir: str, name: str) -> list[Path]:
         base = self._basedir / subdir
-        if name.startswith(os.sep) or not base.is_dir():
+        if subdir not in self._vars_dirs:
+            self._vars_dirs[subdir] = base.is_dir()  # asked once per host: a stat each adds up in big fleets
+        if name.startswith(os.sep) or not self._vars_dirs[subdir]:
             return []  # Ansible skips chroot-like names such as /path/to/root
         for ext in VARS_EXTENSIONS:
             candidate = base / f"{name}{ext}"
@@ -511,7 +515,8 @@ def load_inventory(path: str | Path) -> Inventory:
     if not path.is_file():
         raise InventoryError("inventory file not found", where=shown,
                              hint="pass the path of a YAML inventory file (e.g. inventory.yml)")
-    builder = _Builder(shown)
-    builder.parse_document(_load_yaml(path, shown))
-    builder.reconcile()
-    return Inventory(path, shown, builder)
+    with collector_paused():
+        builder = _Builder(shown)
+        builder.parse_document(_load_yaml(path, shown))
+        builder.reconcile()
+        return Inventory(path, shown, builder)

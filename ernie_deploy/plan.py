@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from ernie_deploy.bulk import collector_paused
 from ernie_deploy.errors import DeployError
 from ernie_deploy.findings import Finding, Severity
 from ernie_deploy.hardware import Catalog, GpuType, load_catalog
@@ -60,13 +61,13 @@ class PlanContext:
         return self._models[key]
 
 
-def _resolve(name: str, layers: list[tuple[str, Mapping[str, Any]]]) -> Setting | None:
-    """The last layer that sets `name` wins; its label becomes the setting's source."""
-    found = None
+def _resolve(layers: list[tuple[str, Mapping[str, Any]]]) -> dict[str, Setting]:
+    """Each setting comes from the last layer that sets it; that layer's label becomes its source."""
+    winner: dict[str, tuple[Any, str]] = {}
     for label, values in layers:
-        if name in values:
-            found = Setting(values[name], label)
-    return found
+        for name, value in values.items():
+            winner[name] = (value, label)
+    return {name: Setting(*winner[name]) for name in sorted(winner)}
 
 
 def _gpu(host: HostLike, catalog: Catalog) -> tuple[GpuType, int]:
@@ -173,8 +174,7 @@ def _plan_host(host: HostLike, ctx: PlanContext, discovered: Discovered | None) 
     profile_name = str(base.get("profile") or "dev")
     table.profile(profile_name, where)
     layers = _layers(table, row, fallback, inv, profile_name, "profile" in inv)
-    settings = {name: s for name in sorted({k for _, v in layers for k in v})
-                if (s := _resolve(name, layers)) is not None}
+    settings = _resolve(layers)
 
     def value(name: str, default: Any = None) -> Any:
         return settings[name].value if name in settings else default
@@ -256,4 +256,5 @@ def _ordered(findings: list[Finding]) -> list[Finding]:
 
 
 def plan_hosts(hosts: list[HostLike], ctx: PlanContext) -> list[HostPlan]:
-    return [plan_host(h, ctx) for h in hosts]
+    with collector_paused():
+        return [plan_host(h, ctx) for h in hosts]

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import jinja2
 
-from ernie_deploy.errors import RenderError
+from ernie_deploy.bulk import collector_paused
+from ernie_deploy.errors import DeployError, RenderError
 from ernie_deploy.plantypes import HostPlan, InstancePlan
 from ernie_deploy.versions import parse_version, version_facts
 
@@ -150,6 +151,7 @@ def environment_for_templates(directory: Path) -> jinja2.Environment:
         lstrip_blocks=True,
         keep_trailing_newline=True,
         autoescape=False,  # systemd units, not HTML; escaping is done per value above
+        auto_reload=False,  # one run renders many hosts; re-checking template mtimes per host is waste
     )
 
 
@@ -181,3 +183,17 @@ def render_host(plan: HostPlan, env: jinja2.Environment) -> list[RenderedFile]:
         files.append(RenderedFile(f"{UNIT_DIR}/{inst.unit}.service", unit, 0o644))
         files.append(RenderedFile(env_file, env_text, 0o600, secret=True))
     return files
+
+
+def render_hosts(plans: list[HostPlan], env: jinja2.Environment
+                 ) -> tuple[dict[str, list[RenderedFile]], dict[str, DeployError]]:
+    """Render every host; a host that cannot be rendered is reported, never stops the others."""
+    rendered: dict[str, list[RenderedFile]] = {}
+    failed: dict[str, DeployError] = {}
+    with collector_paused():
+        for plan in plans:
+            try:
+                rendered[plan.name] = render_host(plan, env)
+            except DeployError as exc:
+                failed[plan.name] = exc
+    return rendered, failed

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from functools import lru_cache
 
 from ernie_deploy.findings import Finding, Severity
 from ernie_deploy.hardware import GpuType
@@ -256,6 +257,7 @@ def check_instance(inst: InstancePlan, model: ModelSpec, gpu: GpuType, gpu_count
     return findings
 
 
+@lru_cache(maxsize=1024)  # a fleet repeats a handful of layouts; the estimate is pure
 def memory_for(inst_tp: int, inst_pp: int, mml: int | None, util: float, model: ModelSpec,
                gpu: GpuType) -> MemoryEstimate | None:
     if inst_tp < 1 or inst_pp < 1 or not 0 < util <= 1:
