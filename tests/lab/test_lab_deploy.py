@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -226,12 +227,8 @@ def test_held_lock_fails_cleanly_then_lock_wait_succeeds(capsys: pytest.CaptureF
     capsys.readouterr()
     assert main(["lock", "-i", str(inv), "--limit", "a10-1", "--show"]) == 0
     assert "alice@ops1" in capsys.readouterr().out
-    release = subprocess.Popen(["sh", "-c", "sleep 2"])  # the other deploy "finishes" after 2 s
-    try:
-        lab.ssh("a10-1", "(sleep 2; rm -rf /var/lib/ernie-deploy/lock) >/dev/null 2>&1 &")
-        rc, hosts = deploy(capsys, inv, "--limit", "a10-1", "--lock-wait", "30")
-    finally:
-        release.wait()
+    lab.ssh("a10-1", "(sleep 2; rm -rf /var/lib/ernie-deploy/lock) >/dev/null 2>&1 &")  # the other run ends
+    rc, hosts = deploy(capsys, inv, "--limit", "a10-1", "--lock-wait", "30")
     assert rc == 0 and hosts["a10-1"]["status"] == "changed"
     assert lab.ssh("a10-1", "test -e /var/lib/ernie-deploy/lock").returncode != 0  # ours was released
 
@@ -269,6 +266,35 @@ def test_killed_deploy_process_leaves_whole_files(lab: Lab, deployed: LabState, 
     assert unit.endswith("WantedBy=multi-user.target\n")  # whole: old or new, never cut
     assert ".new" not in lab.ssh("a10-1", "ls -a /etc/systemd/system /etc/ernie-deploy").stdout
     lab.ssh("a10-1", "rm -rf /var/lib/ernie-deploy/lock")  # the killed run could not release its lock
+
+
+def test_ctrl_c_while_waiting_for_readiness_releases_the_lock(lab: Lab, deployed: LabState,
+                                                             tmp_path: Path) -> None:
+    """SIGINT lands while the restarted instance is still loading: the run stops at once (not at the
+    start-up budget), exits 130 and leaves no lock behind."""
+    lab.ssh("a10-1", "mkdir -p /etc/ernie-lab && cat > /etc/ernie-lab/faults.json",
+            input=json.dumps({"load_seconds": 120}))
+    inv = write_inventory(deployed, tmp_path, **{"a10-1": {"vllm_max_model_len": 1280}})
+    proc = subprocess.Popen([sys.executable, "-m", "ernie_deploy", "deploy", "-i", str(inv), "--limit", "a10-1",
+                             "--startup-budget", "600"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        restarted = wait_for(lambda: lab.ssh(
+            "a10-1", "test -d /var/lib/ernie-deploy/lock && systemctl cat ernie-vllm-0.service | "
+                     "grep -q -- '--max-model-len 1280' && systemctl is-active ernie-vllm-0.service").returncode == 0,
+            timeout=60, interval=0.3)
+        assert restarted and proc.poll() is None, "the deploy should be waiting for the loading instance"
+        time.sleep(1.0)  # well inside the readiness watch
+        interrupted = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 130 and "interrupted" in err
+        assert time.monotonic() - interrupted < 10
+        assert lab.ssh("a10-1", "test -e /var/lib/ernie-deploy/lock").returncode != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        lab.ssh("a10-1", "rm -f /etc/ernie-lab/faults.json; " + CLEAN)
 
 
 def test_sudo_user_can_deploy(capsys: pytest.CaptureFixture[str], lab: Lab, deployed: LabState,
