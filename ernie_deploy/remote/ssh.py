@@ -5,6 +5,10 @@ file the inventory (`ernie_known_hosts`) or CLI names. fabric's Connection would
 keys (it installs paramiko's AutoAddPolicy); we replace that policy before connecting. `accept-new`
 (OpenSSH's meaning: record unknown keys, still refuse changed ones) is opt-in and logged.
 
+Jump hosts come from `~/.ssh/config` (ProxyJump) or, as Ansible writes them, from `-J HOPS` or
+`-o ProxyJump=HOPS` in `ansible_ssh_common_args` / `ansible_ssh_extra_args`; every hop's host key is
+checked by the same rules as the target's.
+
 Commands run as `sh -c SCRIPT` (or `sudo -n sh -c SCRIPT` with become); data, secrets included,
 travels on stdin, never on a command line.
 """
@@ -14,6 +18,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import logging
+import re
 import shlex
 import time
 from collections.abc import Mapping, Sequence
@@ -51,6 +56,69 @@ class RemoteError(DeployError):
 
 
 @dataclass(frozen=True)
+class Hop:
+    """One jump host, OpenSSH's `[user@]host[:port]`."""
+
+    host: str
+    port: int = 22
+    user: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.user + '@' if self.user else ''}{self.host}{'' if self.port == 22 else f':{self.port}'}"
+
+
+_HOP = re.compile(r"(?:(?P<user>[A-Za-z0-9._][A-Za-z0-9._-]*)@)?(?P<host>[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\])"
+                  r"(?::(?P<port>[0-9]{1,5}))?")
+_ARG_VARS = ("ansible_ssh_common_args", "ansible_ssh_extra_args")
+
+
+def _parse_hops(spec: str, where: str) -> tuple[Hop, ...]:
+    if spec.strip().lower() == "none":  # OpenSSH's way to switch off a ProxyJump set elsewhere
+        return ()
+    hops = []
+    for part in spec.split(","):
+        m = _HOP.fullmatch(part.strip())
+        if not m or not 0 < int(m["port"] or 22) < 65536:
+            raise DeployError(f"jump host {part.strip()!r} is not [user@]host[:port]", where=where,
+                              hint="write ProxyJump=bastion.example.com or -J deploy@bastion:2222")
+        hops.append(Hop(m["host"].strip("[]"), int(m["port"] or 22), m["user"]))
+    return tuple(hops)
+
+
+def jump_hops(host_vars: Mapping[str, Any], where: str) -> tuple[Hop, ...]:
+    """Jump hosts from Ansible's SSH argument variables. Other SSH options there are not applied (this
+    toolkit does not run the ssh binary), and saying so beats silently connecting differently."""
+    hops: tuple[Hop, ...] = ()
+    for var in _ARG_VARS:
+        raw = host_vars.get(var)
+        if not raw:
+            continue
+        try:
+            words = shlex.split(str(raw))
+        except ValueError as exc:
+            raise DeployError(f"{var}: {exc}", where=where, hint="balance the quotes") from exc
+        ignored = []
+        i = 0
+        while i < len(words):
+            word, value = words[i], words[i + 1] if i + 1 < len(words) else ""
+            option = value if word == "-o" else word[2:] if word.startswith("-o") else ""
+            key, _, setting = option.replace("=", " ", 1).partition(" ")
+            if word == "-J" and value:
+                hops, i = _parse_hops(value, f"{where}: {var}"), i + 2
+            elif word.startswith("-J") and len(word) > 2:
+                hops, i = _parse_hops(word[2:], f"{where}: {var}"), i + 1
+            elif key.lower() == "proxyjump" and setting.strip():
+                hops, i = _parse_hops(setting, f"{where}: {var}"), i + (2 if word == "-o" else 1)
+            else:
+                ignored.append(word)
+                i += 1
+        if ignored:
+            log.warning("%s: %s: only -J / ProxyJump is honoured here; ignored %s (put other SSH options "
+                        "in ~/.ssh/config)", where, var, " ".join(ignored))
+    return hops
+
+
+@dataclass(frozen=True)
 class Target:
     """Where and how to reach one inventory host."""
 
@@ -61,6 +129,7 @@ class Target:
     key_file: str | None = None
     known_hosts: tuple[str, ...] = ()
     become: bool = False
+    jump: tuple[Hop, ...] = ()
 
     @classmethod
     def from_host(cls, name: str, address: str, port: int, user: str | None, host_vars: Mapping[str, Any],
@@ -69,7 +138,8 @@ class Target:
         become = bool(host_vars.get("ansible_become", False)) or (user not in (None, "root"))
         return cls(name=name, address=address, port=port, user=user,
                    key_file=host_vars.get("ansible_ssh_private_key_file"),
-                   known_hosts=tuple(files) + tuple(extra_known_hosts), become=become)
+                   known_hosts=tuple(files) + tuple(extra_known_hosts), become=become,
+                   jump=jump_hops(host_vars, name))
 
 
 @dataclass
@@ -165,7 +235,10 @@ class Session:
         return result
 
     def close(self) -> None:
-        self.connection.close()
+        conn: Any = self.connection
+        while isinstance(conn, Connection):  # fabric leaves jump connections open; close every hop
+            conn.close()
+            conn = conn.gateway
 
     def __enter__(self) -> Session:
         return self
@@ -204,14 +277,21 @@ def _connect_once(target: Target, policy: HostKeyPolicy, timeout: float) -> Sess
                                       "auth_timeout": timeout}
     if target.key_file:
         connect_kwargs["key_filename"] = [str(Path(target.key_file).expanduser())]
+    gateway: Connection | None = None
+    for hop in target.jump:  # first hop first: each later hop is reached through the one before
+        gateway = Connection(hop.host, user=hop.user, port=hop.port, connect_timeout=timeout,
+                             connect_kwargs=connect_kwargs, config=Config(), gateway=gateway)
     conn = Connection(target.address, user=target.user, port=target.port, connect_timeout=timeout,
-                      connect_kwargs=connect_kwargs, config=Config())
+                      connect_kwargs=connect_kwargs, config=Config(), gateway=gateway)
     _prepare_client(conn.client, target, policy)
-    gateway = conn.gateway
-    if isinstance(gateway, Connection):  # ProxyJump from ~/.ssh/config: hold the jump host to the same rules
-        _prepare_client(gateway.client, Target(target.name + " (jump host)", gateway.host, gateway.port,
-                                               known_hosts=target.known_hosts), policy)
+    hop_conn: Any = conn.gateway
+    while isinstance(hop_conn, Connection):  # inventory or ~/.ssh/config hops: the same host-key rules
+        _prepare_client(hop_conn.client, Target(f"{target.name} (jump host {hop_conn.host}:{hop_conn.port})",
+                                                hop_conn.host, hop_conn.port, known_hosts=target.known_hosts),
+                        policy)
+        hop_conn = hop_conn.gateway
     where = target.name
+    via = f" via {','.join(str(h) for h in target.jump)}" if target.jump else ""
     try:
         conn.open()
     except RemoteError:
@@ -226,10 +306,11 @@ def _connect_once(target: Target, policy: HostKeyPolicy, timeout: float) -> Sess
                   f"(ssh-keygen -R {_known_host_name(target.address, target.port)} -f FILE; known_hosts read: "
                   f"{files}); otherwise someone may be intercepting the connection")) from exc
     except paramiko.AuthenticationException as exc:
-        raise RemoteError(Failure.AUTH, f"{target.user or 'default user'}@{target.address}: {exc}", where=where,
+        raise RemoteError(Failure.AUTH, f"{target.user or 'default user'}@{target.address}{via}: {exc}", where=where,
                           hint="check ansible_user and ansible_ssh_private_key_file, or load the key into "
                                "ssh-agent") from exc
     except (TimeoutError, OSError, paramiko.SSHException, EOFError) as exc:
-        raise RemoteError(Failure.UNREACHABLE, f"{target.address}:{target.port}: {exc or type(exc).__name__}",
-                          where=where, hint="check that the host is up and sshd listens there") from exc
+        raise RemoteError(Failure.UNREACHABLE,
+                          f"{target.address}:{target.port}{via}: {exc or type(exc).__name__}", where=where,
+                          hint="check that the host (and any jump host) is up and sshd listens there") from exc
     return Session(target, conn)

@@ -297,6 +297,42 @@ def test_ctrl_c_while_waiting_for_readiness_releases_the_lock(lab: Lab, deployed
         lab.ssh("a10-1", "rm -f /etc/ernie-lab/faults.json; " + CLEAN)
 
 
+def facts_json(capsys: pytest.CaptureFixture[str], inv: Path, host: str) -> tuple[int, dict[str, Any]]:
+    capsys.readouterr()
+    rc = main(["facts", "-i", str(inv), "--limit", host, "--json"])
+    return rc, json.loads(capsys.readouterr().out)["hosts"][host]
+
+
+def test_host_behind_a_jump_host_is_reached_through_it(capsys: pytest.CaptureFixture[str], lab: Lab,
+                                                       deployed: LabState, tmp_path: Path) -> None:
+    """a10-2 goes by a name only a10-1 can resolve, so its facts can only arrive through a10-1, and the jump
+    host's key is checked as strictly as the target's."""
+    jump, target, hidden = deployed.host("a10-1"), deployed.host("a10-2"), "a10-2.behind-jump"
+    lines = Path(deployed.known_hosts).read_text().splitlines()
+    target_keys = [f"{hidden} {line.split(' ', 1)[1]}" for line in lines if line.startswith(target.address + " ")]
+    jump_keys = [line for line in lines if line.startswith(jump.address + " ")]
+    assert target_keys and jump_keys
+    lab.ssh("a10-1", f"echo '{target.address} {hidden}' >> /etc/hosts")
+    try:
+        known = tmp_path / "known_hosts"
+        known.write_text("\n".join(target_keys + jump_keys) + "\n")
+        behind = {"ansible_host": hidden, "ernie_known_hosts": str(known)}
+        via_jump = {**behind, "ansible_ssh_common_args": f"-o ProxyJump=root@{jump.address}"}
+        rc, host = facts_json(capsys, write_inventory(deployed, tmp_path, **{"a10-2": via_jump}), "a10-2")
+        assert rc == 0 and host["error"] is None, host
+        assert [g["name"] for g in host["facts"]["gpus"]] == ["NVIDIA A10", "NVIDIA A10"]
+
+        rc, host = facts_json(capsys, write_inventory(deployed, tmp_path, **{"a10-2": behind}), "a10-2")
+        assert rc == 4 and "unreachable" in host["error"]  # the controller itself cannot resolve the name
+
+        known.write_text("\n".join(target_keys) + "\n")
+        rc, host = facts_json(capsys, write_inventory(deployed, tmp_path, **{"a10-2": via_jump}), "a10-2")
+        assert rc == 4 and f"jump host {jump.address}:22" in host["error"]
+        assert "unknown host key" in host["error"] and "SHA256:" in host["error"]
+    finally:
+        lab.ssh("a10-1", f"sed -i '/{hidden}/d' /etc/hosts")
+
+
 def test_sudo_user_can_deploy(capsys: pytest.CaptureFixture[str], lab: Lab, deployed: LabState,
                               tmp_path: Path) -> None:
     inv = write_inventory(deployed, tmp_path, **{"a10-1": {"ansible_user": "deploy", "vllm_max_model_len": 1536}})
