@@ -3,8 +3,6 @@
 The result must be what `ansible-inventory` (ansible-core's `yaml` inventory plugin plus the
 `host_group_vars` vars plugin) would show, so every rule below mirrors ansible-core; the
 equivalence tests in tests/test_inventory_ansible.py run the real ansible-inventory to prove it.
-Where Ansible only warns about a malformed inventory (an unknown key, a group that is not a mapping)
-we raise InventoryError instead: a deploy tool must not silently skip hosts.
 
 Variables are loaded and layered, never templated (Jinja stays literal).
 """
@@ -19,11 +17,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-import yaml
-
 from ernie_deploy.bulk import collector_paused
 from ernie_deploy.errors import InventoryError
-from ernie_deploy.inventory_patterns import PatternMatcher, expand_host_key
+from ernie_deploy.inventory_groups import BUILTIN_GROUPS, GroupBuilder
+from ernie_deploy.inventory_patterns import PatternMatcher
+from ernie_deploy.inventory_yaml import load_yaml, plain, to_json, type_name
 
 # Names ansible-inventory strips from its output (ansible.constants.INTERNAL_STATIC_VARS): magic
 # variables such as inventory_hostname, and anything a user sets under one of these names.
@@ -38,87 +36,6 @@ INTERNAL_VARS = frozenset({
 })
 # Ansible tries NAME with no extension first (so a NAME/ directory wins), then these, first hit only.
 VARS_EXTENSIONS = ("", ".yml", ".yaml", ".json")
-_SECTIONS = ("vars", "children", "hosts")
-_BUILTIN_GROUPS = ("all", "ungrouped")
-
-
-class Unsafe(str):
-    """A `!unsafe` string. ansible-inventory prints it as {"__ansible_unsafe": text}."""
-
-
-class _Marked(dict):  # type: ignore[type-arg]
-    """A YAML mapping that remembers its own line and the line of each key, for error messages."""
-
-    line: int = 0
-    key_lines: dict[Any, int]
-
-
-# libyaml's parser is several times faster on fleet-sized inventories and reports the same marks.
-_SafeBase: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-class _Loader(_SafeBase):  # type: ignore[misc,valid-type]
-    def _construct_marked_map(self, node: yaml.MappingNode) -> Any:
-        data = _Marked()
-        data.line = node.start_mark.line + 1
-        data.key_lines = {}
-        yield data
-        data.update(self.construct_mapping(node))
-        # construct_mapping has flattened `<<` merges into node.value; keys are memoised by node.
-        for key_node, _ in node.value:
-            data.key_lines.setdefault(self.construct_object(key_node), key_node.start_mark.line + 1)
-
-    def _construct_unsafe(self, node: yaml.Node) -> Any:
-        if isinstance(node, yaml.ScalarNode):
-            return Unsafe(self.construct_scalar(node))
-        raise yaml.constructor.ConstructorError(
-            None, None, "!unsafe is supported on strings only", node.start_mark)
-
-
-_Loader.add_constructor("tag:yaml.org,2002:map", _Loader._construct_marked_map)
-_Loader.add_constructor("!unsafe", _Loader._construct_unsafe)
-
-
-def _load_yaml(path: Path, shown: str) -> Any:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InventoryError(f"cannot read the file: {exc}", where=shown,
-                             hint="check the path and that the file is UTF-8 text") from None
-    try:
-        return yaml.load(text, Loader=_Loader)  # _Loader is a SafeLoader subclass
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = f":{mark.line + 1}" if mark else ""
-        raise InventoryError(f"invalid YAML: {exc.problem or exc.context}", where=f"{shown}{line}",
-                             hint="fix the YAML syntax at that line (indentation, quoting, a missing ':')"
-                             ) from None
-    except yaml.YAMLError as exc:
-        raise InventoryError(f"invalid YAML: {exc}", where=shown, hint="fix the YAML syntax") from None
-
-
-def _plain(value: Any) -> Any:
-    """Turn loader mappings into plain dicts (and copy shared YAML aliases) so vars are independent."""
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value
-
-
-def _to_json(value: Any) -> Any:
-    """Shape a value the way `ansible-inventory --list` does (`!unsafe` becomes a marker dict)."""
-    if isinstance(value, Unsafe):
-        return {"__ansible_unsafe": str(value)}
-    if isinstance(value, dict):
-        return {k: _to_json(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_to_json(v) for v in value]
-    return value
-
-
-def _type_name(value: Any) -> str:
-    return {dict: "a mapping", list: "a list", str: "a string"}.get(type(value), type(value).__name__)
 
 
 @dataclass(frozen=True)
@@ -155,173 +72,10 @@ class Host:
         return value
 
 
-@dataclass
-class _Group:
-    name: str
-    vars: dict[str, Any] = field(default_factory=dict)
-    priority: int = 1
-    children: list[str] = field(default_factory=list)
-    parents: list[str] = field(default_factory=list)
-    hosts: list[str] = field(default_factory=list)
-
-
-class _Builder:
-    """Builds groups and hosts from the YAML document the way ansible-core's yaml plugin does."""
-
-    def __init__(self, shown: str) -> None:
-        self.shown = shown
-        self.groups: dict[str, _Group] = {name: _Group(name) for name in _BUILTIN_GROUPS}
-        self.host_vars: dict[str, dict[str, Any]] = {}  # inventory-file host vars, in creation order
-        # host → its direct groups (an ordered set): membership tests stay O(1) on 100k-host inventories.
-        self.host_groups: dict[str, dict[str, None]] = {}
-        self.add_child("all", "ungrouped", where=shown)
-
-    @staticmethod
-    def line(mapping: Any, key: Any) -> int:
-        return getattr(mapping, "key_lines", {}).get(key, getattr(mapping, "line", 1))
-
-    def where(self, mapping: Any, key: Any, path: str) -> str:
-        return f"{self.shown}:{self.line(mapping, key)}: {path}"
-
-    def parse_document(self, data: Any) -> None:
-        if not data:
-            return  # an empty file is an empty inventory
-        if not isinstance(data, dict):
-            raise InventoryError(f"a YAML inventory must be a mapping of groups, got {_type_name(data)}",
-                                 where=f"{self.shown}:1", hint="start the file with `all:`")
-        if "plugin" in data:
-            raise InventoryError("this is an inventory plugin configuration, not a YAML inventory",
-                                 where=self.where(data, "plugin", "plugin"),
-                                 hint="use a static YAML inventory (all: / children: / hosts:)")
-        for name, body in data.items():
-            self.parse_group(name, body, data, str(name))
-
-    def parse_group(self, name: Any, body: Any, parent: Any, path: str) -> str:
-        where = self.where(parent, name, path)
-        if not isinstance(name, str) or not name:
-            raise InventoryError(f"group name must be a non-empty string, got {name!r}", where=where,
-                                 hint="quote the group name")
-        if body is not None and not isinstance(body, dict):
-            raise InventoryError(f"group '{name}' must be a mapping (hosts/vars/children), got "
-                                 f"{_type_name(body)}", where=where,
-                                 hint="write `hosts:`, `vars:` or `children:` under the group name")
-        self.groups.setdefault(name, _Group(name))
-        for key, value in (body or {}).items():
-            self._parse_section(name, key, value, body, f"{path}.{key}")
-        return name
-
-    def _parse_section(self, group: str, key: Any, value: Any, body: Any, path: str) -> None:
-        where = self.where(body, key, path)
-        if key not in _SECTIONS:
-            raise InventoryError(f"unexpected key '{key}' in group '{group}'; only \"vars\", \"children\" "
-                                 "and \"hosts\" are valid", where=where,
-                                 hint="move it under `vars:` or fix the spelling (ansible-core skips it)")
-        if value is None:
-            return
-        if key != "vars" and isinstance(value, str):
-            value = _Marked({value: None})  # Ansible accepts `hosts: web1` as a one-item mapping
-            value.line, value.key_lines = self.line(body, key), {}
-        if not isinstance(value, dict):
-            raise InventoryError(f"'{key}' of group '{group}' must be a mapping, got {_type_name(value)}",
-                                 where=where, hint=f"write `{key}:` entries as `name:` lines, not a list")
-        if key == "vars":
-            for var, val in value.items():
-                self.set_group_var(group, self._var_name(var, value, path), val, self.where(value, var, path))
-        elif key == "children":
-            for child, child_body in value.items():
-                child = self.parse_group(child, child_body, value, f"{path}.{child}")
-                self.add_child(group, child, where=self.where(value, child, f"{path}.{child}"))
-        else:
-            for pattern, host_body in value.items():
-                self._parse_host(group, pattern, host_body, value, f"{path}.{pattern}")
-
-    def _parse_host(self, group: str, pattern: Any, body: Any, hosts: Any, path: str) -> None:
-        where = self.where(hosts, pattern, path)
-        if not isinstance(pattern, str) or not pattern:
-            raise InventoryError(f"host name must be a string, got {pattern!r}", where=where,
-                                 hint="enclose numeric host names in quotes")
-        if body is not None and not isinstance(body, dict):
-            raise InventoryError(f"host '{pattern}' must map to its variables or be empty, got "
-                                 f"{_type_name(body)}", where=where,
-                                 hint="write `name:` alone, or `name:` with `var: value` lines under it")
-        try:
-            names, port = expand_host_key(pattern)
-        except ValueError as exc:
-            raise InventoryError(f"bad host range in '{pattern}': {exc}", where=where,
-                                 hint="write ranges as [01:04], [a:c] or [1:10:2]") from None
-        for name in names:
-            if name not in self.host_vars:
-                # `host:PORT` sets ansible_port only where the host is first defined, as in Ansible.
-                self.host_vars[name] = {"ansible_port": port} if port else {}
-            if group not in self.host_groups.setdefault(name, {}):
-                self.host_groups[name][group] = None
-                self.groups[group].hosts.append(name)
-            for var, val in (body or {}).items():
-                self.host_vars[name][self._var_name(var, body, path)] = _plain(val)
-
-    def _var_name(self, var: Any, mapping: Any, path: str) -> str:
-        if not isinstance(var, str) or not var:
-            raise InventoryError(f"variable name must be a string, got {var!r}",
-                                 where=self.where(mapping, var, path), hint="quote the variable name")
-        return var
-
-    def set_group_var(self, group: str, var: str, value: Any, where: str) -> None:
-        if var != "ansible_group_priority":
-            self.groups[group].vars[var] = _plain(value)
-            return
-        # Ansible stores the priority on the group, not as a variable; None is ignored like it does.
-        try:
-            self.groups[group].priority = int(value)
-        except TypeError:
-            pass
-        except ValueError:
-            raise InventoryError(f"ansible_group_priority must be an integer, got {value!r}", where=where,
-                                 hint="set ansible_group_priority to a whole number such as 10") from None
-
-    def ancestors(self, group: str) -> set[str]:
-        found: set[str] = set()
-        todo = list(self.groups[group].parents)
-        while todo:
-            name = todo.pop()
-            if name not in found:
-                found.add(name)
-                todo.extend(self.groups[name].parents)
-        return found
-
-    def add_child(self, parent: str, child: str, where: str) -> None:
-        if parent == child or child in self.ancestors(parent):
-            raise InventoryError(f"adding group '{child}' as a child of '{parent}' creates a loop",
-                                 where=where, hint="a group cannot contain one of its own ancestors")
-        if child not in self.groups[parent].children:
-            self.groups[parent].children.append(child)
-        if parent not in self.groups[child].parents:
-            self.groups[child].parents.append(parent)
-
-    def reconcile(self) -> None:
-        """Ansible's reconcile_inventory: parentless groups join `all`; group-less hosts join `ungrouped`."""
-        for group in list(self.groups.values()):
-            if group.name != "all" and not group.parents:
-                self.add_child("all", group.name, where=self.shown)
-        ungrouped = self.groups["ungrouped"].hosts
-        for host in self.host_vars:
-            member_of = self.member_of(host)
-            if "ungrouped" in member_of:
-                if member_of - set(_BUILTIN_GROUPS) and "ungrouped" in self.host_groups[host]:
-                    ungrouped.remove(host)
-                    del self.host_groups[host]["ungrouped"]
-            elif member_of <= {"all"}:
-                ungrouped.append(host)
-                self.host_groups.setdefault(host, {})["ungrouped"] = None
-
-    def member_of(self, host: str) -> set[str]:
-        direct = set(self.host_groups.get(host, ()))
-        return direct.union(*(self.ancestors(g) for g in direct))
-
-
 class Inventory:
     """A loaded inventory. `hosts` is in Ansible's order for the `all` pattern."""
 
-    def __init__(self, path: Path, shown: str, builder: _Builder) -> None:
+    def __init__(self, path: Path, shown: str, builder: GroupBuilder) -> None:
         self.path = path
         self._shown = shown
         self._groups = builder.groups
@@ -338,7 +92,7 @@ class Inventory:
             self.hosts[name] = Host(
                 name=name,
                 vars=MappingProxyType(self._effective_vars(name, member_of)),
-                groups=tuple(sorted(member_of - set(_BUILTIN_GROUPS))),
+                groups=tuple(sorted(member_of - set(BUILTIN_GROUPS))),
             )
 
     # -- precedence ---------------------------------------------------------------------------
@@ -399,17 +153,17 @@ class Inventory:
 
     def _read_vars_file(self, file: Path) -> dict[str, Any]:
         shown = str(Path(self._shown).parent / file.relative_to(self._basedir))
-        data = _load_yaml(file, shown)
+        data = load_yaml(file, shown)
         if not data:
             return {}  # empty files are ignored, as in Ansible
         if not isinstance(data, dict):
-            raise InventoryError(f"a vars file must be a mapping of variables, got {_type_name(data)}",
+            raise InventoryError(f"a vars file must be a mapping of variables, got {type_name(data)}",
                                  where=f"{shown}:1", hint="write `name: value` lines at the top level")
         for var in data:
             if not isinstance(var, str) or not var:
                 raise InventoryError(f"variable name must be a string, got {var!r}",
-                                     where=f"{shown}:{_Builder.line(data, var)}", hint="quote the name")
-        return _plain(data)
+                                     where=f"{shown}:{GroupBuilder.line(data, var)}", hint="quote the name")
+        return plain(data)
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -437,7 +191,7 @@ class Inventory:
         if not names:
             unmatched = self._matcher.unmatched_terms(pattern)
             detail = f" ({', '.join(repr(t) for t in unmatched)} matches no group or host)" if unmatched else ""
-            groups = ", ".join(sorted(g for g in self._groups if g not in _BUILTIN_GROUPS)) or "(none)"
+            groups = ", ".join(sorted(g for g in self._groups if g not in BUILTIN_GROUPS)) or "(none)"
             raise InventoryError(f"host pattern '{pattern}' matches no hosts{detail}", where=self._shown,
                                  hint=f"use a host name, a glob, or one of the groups: {groups}")
         return [self.hosts[name] for name in names]
@@ -453,7 +207,7 @@ class Inventory:
                 entry["children"] = list(group.children)
             if entry:  # ansible-inventory drops empty keys and then empty groups
                 result[group.name] = entry
-        hostvars = {name: _to_json(dict(host.vars)) for name, host in self.hosts.items() if host.vars}
+        hostvars = {name: to_json(dict(host.vars)) for name, host in self.hosts.items() if host.vars}
         result["_meta"] = {"hostvars": hostvars, "profile": "inventory_legacy"}
         return result
 
@@ -516,7 +270,7 @@ def load_inventory(path: str | Path) -> Inventory:
         raise InventoryError("inventory file not found", where=shown,
                              hint="pass the path of a YAML inventory file (e.g. inventory.yml)")
     with collector_paused():
-        builder = _Builder(shown)
-        builder.parse_document(_load_yaml(path, shown))
+        builder = GroupBuilder(shown)
+        builder.parse_document(load_yaml(path, shown))
         builder.reconcile()
         return Inventory(path, shown, builder)

@@ -6,8 +6,9 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parent.parent / "ernie_deploy"
-CORE = ["datafiles", "errors", "findings", "hardware", "inventory", "inventory_patterns", "memory", "models",
-        "plan", "plantypes", "recommend", "render", "settings", "validate", "versions"]
+CORE = ["bulk", "datafiles", "errors", "findings", "hardware", "inventory", "inventory_groups", "inventory_patterns",
+        "inventory_yaml", "memory", "models", "plan", "plantypes", "recommend", "render", "settings", "validate",
+        "versions"]
 FORBIDDEN = {"rich", "paramiko", "fabric", "subprocess", "socket", "ernie_deploy.console", "ernie_deploy.cli"}
 
 

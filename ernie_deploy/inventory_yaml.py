@@ -1,0 +1,89 @@
+"""YAML for inventories and vars files: Ansible's `!unsafe`, and the line of every key for error messages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ernie_deploy.errors import InventoryError
+
+
+class Unsafe(str):
+    """A `!unsafe` string. ansible-inventory prints it as {"__ansible_unsafe": text}."""
+
+
+class Marked(dict):  # type: ignore[type-arg]
+    """A YAML mapping that remembers its own line and the line of each key, for error messages."""
+
+    line: int = 0
+    key_lines: dict[Any, int]
+
+
+# libyaml's parser is several times faster on fleet-sized inventories and reports the same marks.
+_SafeBase: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class Loader(_SafeBase):  # type: ignore[misc,valid-type]
+    def _construct_marked_map(self, node: yaml.MappingNode) -> Any:
+        data = Marked()
+        data.line = node.start_mark.line + 1
+        data.key_lines = {}
+        yield data
+        data.update(self.construct_mapping(node))
+        # construct_mapping has flattened `<<` merges into node.value; keys are memoised by node.
+        for key_node, _ in node.value:
+            data.key_lines.setdefault(self.construct_object(key_node), key_node.start_mark.line + 1)
+
+    def _construct_unsafe(self, node: yaml.Node) -> Any:
+        if isinstance(node, yaml.ScalarNode):
+            return Unsafe(self.construct_scalar(node))
+        raise yaml.constructor.ConstructorError(
+            None, None, "!unsafe is supported on strings only", node.start_mark)
+
+
+Loader.add_constructor("tag:yaml.org,2002:map", Loader._construct_marked_map)
+Loader.add_constructor("!unsafe", Loader._construct_unsafe)
+
+
+def load_yaml(path: Path, shown: str) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InventoryError(f"cannot read the file: {exc}", where=shown,
+                             hint="check the path and that the file is UTF-8 text") from None
+    try:
+        return yaml.load(text, Loader=Loader)  # Loader is a SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = f":{mark.line + 1}" if mark else ""
+        raise InventoryError(f"invalid YAML: {exc.problem or exc.context}", where=f"{shown}{line}",
+                             hint="fix the YAML syntax at that line (indentation, quoting, a missing ':')"
+                             ) from None
+    except yaml.YAMLError as exc:
+        raise InventoryError(f"invalid YAML: {exc}", where=shown, hint="fix the YAML syntax") from None
+
+
+def plain(value: Any) -> Any:
+    """Turn loader mappings into plain dicts (and copy shared YAML aliases) so vars are independent."""
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    return value
+
+
+def to_json(value: Any) -> Any:
+    """Shape a value the way `ansible-inventory --list` does (`!unsafe` becomes a marker dict)."""
+    if isinstance(value, Unsafe):
+        return {"__ansible_unsafe": str(value)}
+    if isinstance(value, dict):
+        return {k: to_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [to_json(v) for v in value]
+    return value
+
+
+def type_name(value: Any) -> str:
+    return {dict: "a mapping", list: "a list", str: "a string"}.get(type(value), type(value).__name__)
