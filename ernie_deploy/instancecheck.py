@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from ernie_deploy import httpprobe
 from ernie_deploy.checks import http as judge
 from ernie_deploy.checks.gpus import check_gpus
-from ernie_deploy.checks.logscan import check_startup_log, instance_context
+from ernie_deploy.checks.logscan import check_startup_log
 from ernie_deploy.checks.result import CheckInputError, CheckResult
+from ernie_deploy.checks.signatures import instance_context
 from ernie_deploy.plantypes import HostPlan, InstancePlan
 from ernie_deploy.remote.probe import UnitState, descendants
 

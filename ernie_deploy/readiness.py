@@ -15,7 +15,7 @@ from typing import Protocol
 
 from ernie_deploy import httpprobe
 from ernie_deploy.checks import http as judge
-from ernie_deploy.checks.logscan import instance_context, scan
+from ernie_deploy.checks.signatures import instance_context, scan
 from ernie_deploy.instancecheck import Expectations, address_of, api_key
 from ernie_deploy.plantypes import HostPlan, InstancePlan
 from ernie_deploy.remote.probe import parse, unit_script

@@ -8,14 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ernie_deploy.checks.logscan import (
-    check_startup_log,
-    last_start,
-    load_signatures,
-    parse_signatures,
-    scan,
-    strip_prefix,
-)
+from ernie_deploy.checks.logscan import check_startup_log, last_start
+from ernie_deploy.checks.signatures import load_signatures, parse_signatures, scan, strip_prefix
 from ernie_deploy.errors import ConfigError
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
