@@ -268,10 +268,10 @@ def test_killed_deploy_process_leaves_whole_files(lab: Lab, deployed: LabState, 
     lab.ssh("a10-1", "rm -rf /var/lib/ernie-deploy/lock")  # the killed run could not release its lock
 
 
-def test_ctrl_c_while_waiting_for_readiness_releases_the_lock(lab: Lab, deployed: LabState,
-                                                             tmp_path: Path) -> None:
-    """SIGINT lands while the restarted instance is still loading: the run stops at once (not at the
-    start-up budget), exits 130 and leaves no lock behind."""
+def test_concurrent_deploy_is_refused_and_ctrl_c_releases_the_lock(capsys: pytest.CaptureFixture[str], lab: Lab,
+                                                                   deployed: LabState, tmp_path: Path) -> None:
+    """While one deploy waits for its restarted instance to load, a second one fails cleanly naming the
+    holder. SIGINT then stops the first at once (not at the start-up budget): exit 130, no lock left."""
     lab.ssh("a10-1", "mkdir -p /etc/ernie-lab && cat > /etc/ernie-lab/faults.json",
             input=json.dumps({"load_seconds": 120}))
     inv = write_inventory(deployed, tmp_path, **{"a10-1": {"vllm_max_model_len": 1280}})
@@ -283,7 +283,10 @@ def test_ctrl_c_while_waiting_for_readiness_releases_the_lock(lab: Lab, deployed
                      "grep -q -- '--max-model-len 1280' && systemctl is-active ernie-vllm-0.service").returncode == 0,
             timeout=60, interval=0.3)
         assert restarted and proc.poll() is None, "the deploy should be waiting for the loading instance"
-        time.sleep(1.0)  # well inside the readiness watch
+        rc, hosts = deploy(capsys, inv, "--limit", "a10-1")
+        assert rc == 6 and hosts["a10-1"]["status"] == "locked"
+        assert f"(pid {proc.pid})" in hosts["a10-1"]["message"]
+        assert proc.poll() is None, "the first deploy should still be waiting for the loading instance"
         interrupted = time.monotonic()
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
