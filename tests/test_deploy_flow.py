@@ -90,6 +90,15 @@ def test_host_with_plan_errors_is_not_touched(tmp_path: Path) -> None:
     assert results[1].status is Status.CHANGED and exit_code(results) == EXIT_FAILED
 
 
+def test_bad_jump_host_fails_only_that_host_before_connecting(tmp_path: Path) -> None:
+    fakes = {"a": FakeHost(), "b": FakeHost()}
+    results = runner(fakes).run(inventory(tmp_path, {"a": {"ansible_ssh_common_args": "-J bastion:99999"},
+                                                     "b": {}}))
+    assert results[0].status is Status.FAILED and "ansible_ssh_common_args" in results[0].message
+    assert "'bastion:99999' is not [user@]host[:port]" in results[0].message
+    assert fakes["a"].files == {} and fakes["a"].lock_info is None and results[0].commands == 0
+    assert results[1].status is Status.CHANGED and exit_code(results) == EXIT_FAILED
+
 def test_inventory_gpu_count_disagreeing_with_nvidia_smi(tmp_path: Path) -> None:
     fakes = {"a": FakeHost(gpus=2)}
     (r,) = runner(fakes).run(inventory(tmp_path, {"a": {"gpu_count": 4}}))

@@ -72,14 +72,14 @@ _HOP = re.compile(r"(?:(?P<user>[A-Za-z0-9._][A-Za-z0-9._-]*)@)?(?P<host>[A-Za-z
 _ARG_VARS = ("ansible_ssh_common_args", "ansible_ssh_extra_args")
 
 
-def _parse_hops(spec: str, where: str) -> tuple[Hop, ...]:
+def _parse_hops(spec: str, var: str, where: str) -> tuple[Hop, ...]:
     if spec.strip().lower() == "none":  # OpenSSH's way to switch off a ProxyJump set elsewhere
         return ()
     hops = []
     for part in spec.split(","):
         m = _HOP.fullmatch(part.strip())
         if not m or not 0 < int(m["port"] or 22) < 65536:
-            raise DeployError(f"jump host {part.strip()!r} is not [user@]host[:port]", where=where,
+            raise DeployError(f"{var}: jump host {part.strip()!r} is not [user@]host[:port]", where=where,
                               hint="write ProxyJump=bastion.example.com or -J deploy@bastion:2222")
         hops.append(Hop(m["host"].strip("[]"), int(m["port"] or 22), m["user"]))
     return tuple(hops)
@@ -104,11 +104,11 @@ def jump_hops(host_vars: Mapping[str, Any], where: str) -> tuple[Hop, ...]:
             option = value if word == "-o" else word[2:] if word.startswith("-o") else ""
             key, _, setting = option.replace("=", " ", 1).partition(" ")
             if word == "-J" and value:
-                hops, i = _parse_hops(value, f"{where}: {var}"), i + 2
+                hops, i = _parse_hops(value, var, where), i + 2
             elif word.startswith("-J") and len(word) > 2:
-                hops, i = _parse_hops(word[2:], f"{where}: {var}"), i + 1
+                hops, i = _parse_hops(word[2:], var, where), i + 1
             elif key.lower() == "proxyjump" and setting.strip():
-                hops, i = _parse_hops(setting, f"{where}: {var}"), i + (2 if word == "-o" else 1)
+                hops, i = _parse_hops(setting, var, where), i + (2 if word == "-o" else 1)
             else:
                 ignored.append(word)
                 i += 1
