@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import threading
 from pathlib import Path
 
 import pytest
@@ -58,4 +59,30 @@ def test_loading_and_planning_leave_the_collector_on(tmp_path):
     bad.write_text("all: [unclosed\n")
     with pytest.raises(InventoryError):
         load_inventory(bad)
+    assert gc.isenabled()
+
+
+def test_overlapping_pauses_in_threads_resume_after_the_last():
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def first():
+        with collector_paused():
+            first_in.set()
+            second_in.wait(5)
+        first_out.set()
+
+    def second():
+        first_in.wait(5)
+        with collector_paused():
+            second_in.set()
+            first_out.wait(5)
+            seen["after the first ended"] = gc.isenabled()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert seen == {"after the first ended": False}
     assert gc.isenabled()

@@ -5,9 +5,8 @@ file the inventory (`ernie_known_hosts`) or CLI names. fabric's Connection would
 keys (it installs paramiko's AutoAddPolicy); we replace that policy before connecting. `accept-new`
 (OpenSSH's meaning: record unknown keys, still refuse changed ones) is opt-in and logged.
 
-Jump hosts come from `~/.ssh/config` (ProxyJump) or, as Ansible writes them, from `-J HOPS` or
-`-o ProxyJump=HOPS` in `ansible_ssh_common_args` / `ansible_ssh_extra_args`; every hop's host key is
-checked by the same rules as the target's.
+Jump hosts come from `~/.ssh/config` or from the inventory's SSH argument variables (see route.py);
+every hop's host key is checked by the same rules as the target's.
 
 Commands run as `sh -c SCRIPT` (or `sudo -n sh -c SCRIPT` with become); data, secrets included,
 travels on stdin, never on a command line.
@@ -18,7 +17,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import logging
-import re
 import shlex
 import time
 from collections.abc import Mapping, Sequence
@@ -31,6 +29,7 @@ import paramiko
 from fabric import Config, Connection
 
 from ernie_deploy.errors import DeployError
+from ernie_deploy.remote.route import Route, route_from_vars
 
 log = logging.getLogger(__name__)
 
@@ -56,69 +55,6 @@ class RemoteError(DeployError):
 
 
 @dataclass(frozen=True)
-class Hop:
-    """One jump host, OpenSSH's `[user@]host[:port]`."""
-
-    host: str
-    port: int = 22
-    user: str | None = None
-
-    def __str__(self) -> str:
-        return f"{self.user + '@' if self.user else ''}{self.host}{'' if self.port == 22 else f':{self.port}'}"
-
-
-_HOP = re.compile(r"(?:(?P<user>[A-Za-z0-9._][A-Za-z0-9._-]*)@)?(?P<host>[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\])"
-                  r"(?::(?P<port>[0-9]{1,5}))?")
-_ARG_VARS = ("ansible_ssh_common_args", "ansible_ssh_extra_args")
-
-
-def _parse_hops(spec: str, var: str, where: str) -> tuple[Hop, ...]:
-    if spec.strip().lower() == "none":  # OpenSSH's way to switch off a ProxyJump set elsewhere
-        return ()
-    hops = []
-    for part in spec.split(","):
-        m = _HOP.fullmatch(part.strip())
-        if not m or not 0 < int(m["port"] or 22) < 65536:
-            raise DeployError(f"{var}: jump host {part.strip()!r} is not [user@]host[:port]", where=where,
-                              hint="write ProxyJump=bastion.example.com or -J deploy@bastion:2222")
-        hops.append(Hop(m["host"].strip("[]"), int(m["port"] or 22), m["user"]))
-    return tuple(hops)
-
-
-def jump_hops(host_vars: Mapping[str, Any], where: str) -> tuple[Hop, ...]:
-    """Jump hosts from Ansible's SSH argument variables. Other SSH options there are not applied (this
-    toolkit does not run the ssh binary), and saying so beats silently connecting differently."""
-    hops: tuple[Hop, ...] = ()
-    for var in _ARG_VARS:
-        raw = host_vars.get(var)
-        if not raw:
-            continue
-        try:
-            words = shlex.split(str(raw))
-        except ValueError as exc:
-            raise DeployError(f"{var}: {exc}", where=where, hint="balance the quotes") from exc
-        ignored = []
-        i = 0
-        while i < len(words):
-            word, value = words[i], words[i + 1] if i + 1 < len(words) else ""
-            option = value if word == "-o" else word[2:] if word.startswith("-o") else ""
-            key, _, setting = option.replace("=", " ", 1).partition(" ")
-            if word == "-J" and value:
-                hops, i = _parse_hops(value, var, where), i + 2
-            elif word.startswith("-J") and len(word) > 2:
-                hops, i = _parse_hops(word[2:], var, where), i + 1
-            elif key.lower() == "proxyjump" and setting.strip():
-                hops, i = _parse_hops(setting, var, where), i + (2 if word == "-o" else 1)
-            else:
-                ignored.append(word)
-                i += 1
-        if ignored:
-            log.warning("%s: %s: only -J / ProxyJump is honoured here; ignored %s (put other SSH options "
-                        "in ~/.ssh/config)", where, var, " ".join(ignored))
-    return hops
-
-
-@dataclass(frozen=True)
 class Target:
     """Where and how to reach one inventory host."""
 
@@ -129,7 +65,7 @@ class Target:
     key_file: str | None = None
     known_hosts: tuple[str, ...] = ()
     become: bool = False
-    jump: tuple[Hop, ...] = ()
+    route: Route = field(default_factory=Route)
 
     @classmethod
     def from_host(cls, name: str, address: str, port: int, user: str | None, host_vars: Mapping[str, Any],
@@ -139,7 +75,7 @@ class Target:
         return cls(name=name, address=address, port=port, user=user,
                    key_file=host_vars.get("ansible_ssh_private_key_file"),
                    known_hosts=tuple(files) + tuple(extra_known_hosts), become=become,
-                   jump=jump_hops(host_vars, name))
+                   route=route_from_vars(host_vars, name))
 
 
 @dataclass
@@ -235,10 +171,7 @@ class Session:
         return result
 
     def close(self) -> None:
-        conn: Any = self.connection
-        while isinstance(conn, Connection):  # fabric leaves jump connections open; close every hop
-            conn.close()
-            conn = conn.gateway
+        _close_chain(self.connection)
 
     def __enter__(self) -> Session:
         return self
@@ -272,17 +205,34 @@ def connect(target: Target, *, policy: HostKeyPolicy = HostKeyPolicy.STRICT, tim
             time.sleep(min(0.5 * 2**attempt, 4.0))
 
 
-def _connect_once(target: Target, policy: HostKeyPolicy, timeout: float) -> Session:
-    connect_kwargs: dict[str, Any] = {"allow_agent": True, "look_for_keys": True, "banner_timeout": timeout,
-                                      "auth_timeout": timeout}
-    if target.key_file:
-        connect_kwargs["key_filename"] = [str(Path(target.key_file).expanduser())]
-    gateway: Connection | None = None
-    for hop in target.jump:  # first hop first: each later hop is reached through the one before
+def _close_chain(conn: Connection) -> None:
+    """Close a connection and every jump connection behind it: fabric closes neither its gateways nor a
+    client whose open() failed half-way."""
+    hop: Any = conn
+    while isinstance(hop, Connection):
+        hop.close()
+        hop.client.close()
+        hop = hop.gateway
+
+
+def _chain(target: Target, policy: HostKeyPolicy, timeout: float) -> Connection:
+    """The target's Connection with its jump connections behind it, every client holding our host-key policy."""
+
+    def connect_kwargs() -> dict[str, Any]:  # fabric edits these in place: one fresh dict per connection
+        kwargs: dict[str, Any] = {"allow_agent": True, "look_for_keys": True, "banner_timeout": timeout,
+                                  "auth_timeout": timeout}
+        if target.key_file:
+            kwargs["key_filename"] = [str(Path(target.key_file).expanduser())]
+        return kwargs
+
+    route = target.route
+    # None lets fabric apply ~/.ssh/config; False forces a direct connection; a string is a ProxyCommand.
+    gateway: Connection | str | bool | None = route.command or (False if route.direct else None)
+    for hop in route.hops:  # first hop first: each later hop is reached through the one before
         gateway = Connection(hop.host, user=hop.user, port=hop.port, connect_timeout=timeout,
-                             connect_kwargs=connect_kwargs, config=Config(), gateway=gateway)
+                             connect_kwargs=connect_kwargs(), config=Config(), gateway=gateway)
     conn = Connection(target.address, user=target.user, port=target.port, connect_timeout=timeout,
-                      connect_kwargs=connect_kwargs, config=Config(), gateway=gateway)
+                      connect_kwargs=connect_kwargs(), config=Config(), gateway=gateway)
     _prepare_client(conn.client, target, policy)
     hop_conn: Any = conn.gateway
     while isinstance(hop_conn, Connection):  # inventory or ~/.ssh/config hops: the same host-key rules
@@ -290,27 +240,43 @@ def _connect_once(target: Target, policy: HostKeyPolicy, timeout: float) -> Sess
                                                 hop_conn.host, hop_conn.port, known_hosts=target.known_hosts),
                         policy)
         hop_conn = hop_conn.gateway
-    where = target.name
-    via = f" via {','.join(str(h) for h in target.jump)}" if target.jump else ""
+    return conn
+
+
+def _connect_once(target: Target, policy: HostKeyPolicy, timeout: float) -> Session:
+    conn = _chain(target, policy, timeout)
     try:
         conn.open()
-    except RemoteError:
-        raise
-    except paramiko.BadHostKeyException as exc:
-        files = ", ".join(target.known_hosts) or "~/.ssh/known_hosts"
-        raise RemoteError(
-            Failure.HOST_KEY,
-            f"host key for {target.address}:{target.port} CHANGED: offered {fingerprint(exc.key)}, "
-            f"known {fingerprint(exc.expected_key)}", where=where,
-            hint=(f"if {target.name} was reinstalled, verify the new key and replace the old one "
-                  f"(ssh-keygen -R {_known_host_name(target.address, target.port)} -f FILE; known_hosts read: "
-                  f"{files}); otherwise someone may be intercepting the connection")) from exc
-    except paramiko.AuthenticationException as exc:
-        raise RemoteError(Failure.AUTH, f"{target.user or 'default user'}@{target.address}{via}: {exc}", where=where,
-                          hint="check ansible_user and ansible_ssh_private_key_file, or load the key into "
-                               "ssh-agent") from exc
-    except (TimeoutError, OSError, paramiko.SSHException, EOFError) as exc:
-        raise RemoteError(Failure.UNREACHABLE,
-                          f"{target.address}:{target.port}{via}: {exc or type(exc).__name__}", where=where,
-                          hint="check that the host (and any jump host) is up and sshd listens there") from exc
+    except BaseException as exc:
+        _close_chain(conn)
+        error = _classified(target, exc)
+        if error is exc:
+            raise
+        raise error from exc
     return Session(target, conn)
+
+
+def _classified(target: Target, exc: BaseException) -> BaseException:
+    """The RemoteError for a failed open(); anything unexpected (Ctrl-C included) is passed on as it is."""
+    where, via = target.name, target.route.describe()
+    if isinstance(exc, RemoteError):
+        return exc
+    if isinstance(exc, paramiko.BadHostKeyException):
+        files = ", ".join(target.known_hosts) or "~/.ssh/known_hosts"
+        name = _known_host_name(target.address, target.port)
+        who = target.name if exc.hostname == name else f"the jump host {exc.hostname}"
+        return RemoteError(
+            Failure.HOST_KEY,
+            f"host key for {'' if exc.hostname == name else 'jump host '}{exc.hostname} CHANGED: offered "
+            f"{fingerprint(exc.key)}, known {fingerprint(exc.expected_key)}", where=where,
+            hint=(f"if {who} was reinstalled, verify the new key and replace the old one (ssh-keygen -R "
+                  f"{exc.hostname} -f FILE; known_hosts read: {files}); otherwise someone may be intercepting "
+                  "the connection"))
+    if isinstance(exc, paramiko.AuthenticationException):
+        return RemoteError(Failure.AUTH, f"{target.user or 'default user'}@{target.address}{via}: {exc}",
+                           where=where, hint="check ansible_user and ansible_ssh_private_key_file, or load the "
+                                             "key into ssh-agent")
+    if isinstance(exc, (TimeoutError, OSError, paramiko.SSHException, EOFError)):
+        return RemoteError(Failure.UNREACHABLE, f"{target.address}:{target.port}{via}: {exc or type(exc).__name__}",
+                           where=where, hint="check that the host (and any jump host) is up and sshd listens there")
+    return exc

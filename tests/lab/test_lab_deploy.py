@@ -307,9 +307,11 @@ def facts_json(capsys: pytest.CaptureFixture[str], inv: Path, host: str) -> tupl
 
 
 def test_host_behind_a_jump_host_is_reached_through_it(capsys: pytest.CaptureFixture[str], lab: Lab,
-                                                       deployed: LabState, tmp_path: Path) -> None:
+                                                       deployed: LabState, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """a10-2 goes by a name only a10-1 can resolve, so its facts can only arrive through a10-1, and the jump
     host's key is checked as strictly as the target's."""
+    monkeypatch.setenv("HOME", str(tmp_path))  # only the keys written below count, not this machine's ~/.ssh
     jump, target, hidden = deployed.host("a10-1"), deployed.host("a10-2"), "a10-2.behind-jump"
     lines = Path(deployed.known_hosts).read_text().splitlines()
     target_keys = [f"{hidden} {line.split(' ', 1)[1]}" for line in lines if line.startswith(target.address + " ")]
@@ -324,6 +326,12 @@ def test_host_behind_a_jump_host_is_reached_through_it(capsys: pytest.CaptureFix
         rc, host = facts_json(capsys, write_inventory(deployed, tmp_path, **{"a10-2": via_jump}), "a10-2")
         assert rc == 0 and host["error"] is None, host
         assert [g["name"] for g in host["facts"]["gpus"]] == ["NVIDIA A10", "NVIDIA A10"]
+
+        command = (f"ssh -i {deployed.key} -o BatchMode=yes -o StrictHostKeyChecking=yes "
+                   f"-o UserKnownHostsFile={known} -W %h:%p root@{jump.address}")
+        via_command = {**behind, "ansible_ssh_common_args": f"-o 'ProxyCommand={command}'"}
+        rc, host = facts_json(capsys, write_inventory(deployed, tmp_path, **{"a10-2": via_command}), "a10-2")
+        assert rc == 0 and len(host["facts"]["gpus"]) == 2, host
 
         rc, host = facts_json(capsys, write_inventory(deployed, tmp_path, **{"a10-2": behind}), "a10-2")
         assert rc == 4 and "unreachable" in host["error"]  # the controller itself cannot resolve the name
