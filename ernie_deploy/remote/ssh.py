@@ -19,7 +19,7 @@ import hashlib
 import logging
 import shlex
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -205,14 +205,20 @@ def connect(target: Target, *, policy: HostKeyPolicy = HostKeyPolicy.STRICT, tim
             time.sleep(min(0.5 * 2**attempt, 4.0))
 
 
+def _links(conn: Connection) -> Iterator[Connection]:
+    """A connection, then each jump connection behind it (a ProxyCommand gateway is a string: not a link)."""
+    link: Any = conn
+    while isinstance(link, Connection):
+        yield link
+        link = link.gateway
+
+
 def _close_chain(conn: Connection) -> None:
     """Close a connection and every jump connection behind it: fabric closes neither its gateways nor a
     client whose open() failed half-way."""
-    hop: Any = conn
-    while isinstance(hop, Connection):
-        hop.close()
-        hop.client.close()
-        hop = hop.gateway
+    for link in _links(conn):
+        link.close()
+        link.client.close()
 
 
 def _chain(target: Target, policy: HostKeyPolicy, timeout: float) -> Connection:
@@ -234,12 +240,9 @@ def _chain(target: Target, policy: HostKeyPolicy, timeout: float) -> Connection:
     conn = Connection(target.address, user=target.user, port=target.port, connect_timeout=timeout,
                       connect_kwargs=connect_kwargs(), config=Config(), gateway=gateway)
     _prepare_client(conn.client, target, policy)
-    hop_conn: Any = conn.gateway
-    while isinstance(hop_conn, Connection):  # inventory or ~/.ssh/config hops: the same host-key rules
-        _prepare_client(hop_conn.client, Target(f"{target.name} (jump host {hop_conn.host}:{hop_conn.port})",
-                                                hop_conn.host, hop_conn.port, known_hosts=target.known_hosts),
-                        policy)
-        hop_conn = hop_conn.gateway
+    for link in list(_links(conn))[1:]:  # inventory or ~/.ssh/config hops: the same host-key rules
+        _prepare_client(link.client, Target(f"{target.name} (jump host {link.host}:{link.port})", link.host,
+                                            link.port, known_hosts=target.known_hosts), policy)
     return conn
 
 
@@ -263,11 +266,11 @@ def _classified(target: Target, exc: BaseException) -> BaseException:
         return exc
     if isinstance(exc, paramiko.BadHostKeyException):
         files = ", ".join(target.known_hosts) or "~/.ssh/known_hosts"
-        name = _known_host_name(target.address, target.port)
-        who = target.name if exc.hostname == name else f"the jump host {exc.hostname}"
+        jump = exc.hostname != _known_host_name(target.address, target.port)
+        who = f"the jump host {exc.hostname}" if jump else target.name
         return RemoteError(
             Failure.HOST_KEY,
-            f"host key for {'' if exc.hostname == name else 'jump host '}{exc.hostname} CHANGED: offered "
+            f"host key for {'jump host ' if jump else ''}{exc.hostname} CHANGED: offered "
             f"{fingerprint(exc.key)}, known {fingerprint(exc.expected_key)}", where=where,
             hint=(f"if {who} was reinstalled, verify the new key and replace the old one (ssh-keygen -R "
                   f"{exc.hostname} -f FILE; known_hosts read: {files}); otherwise someone may be intercepting "
