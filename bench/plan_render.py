@@ -18,9 +18,9 @@ from pathlib import Path
 
 import yaml
 
-from ernie_deploy.inventory import load_inventory
-from ernie_deploy.plan import PlanContext, plan_hosts
-from ernie_deploy.render import environment_for_templates, render_hosts, templates_dir
+from ernie_deploy.inventory.inventory import load_inventory
+from ernie_deploy.planning.plan import PlanContext, plan_hosts
+from ernie_deploy.planning.render import environment_for_templates, render_hosts, templates_dir
 
 ROWS = [("NVIDIA A10", 1), ("NVIDIA A10", 2), ("NVIDIA A10", 4), ("NVIDIA A100-SXM4-80GB", 2)]
 

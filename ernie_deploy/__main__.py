@@ -1,5 +1,5 @@
 import sys
 
-from ernie_deploy.cli import main
+from ernie_deploy.cli.main import main
 
 sys.exit(main())

@@ -1,4 +1,4 @@
-"""The one error type users see.
+"""The one error type users see, and the exit codes every command shares.
 
 Every error names where it happened (a host, or a file with line and key path) and what to do next.
 The CLI prints it on one line plus the hint; tracebacks only with -vvv.
@@ -6,14 +6,26 @@ The CLI prints it on one line plus the hint; tracebacks only with -vvv.
 
 from __future__ import annotations
 
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """Exit codes, ansible-playbook's where they overlap (2 a host failed, 4 unreachable); README's table."""
+
+    OK = 0
+    PLAN_ERRORS = 1  # plan / render: a host's plan has errors (deploy and verify report such a host as failed)
+    FAILED = 2  # a host failed (deploy, verify)
+    UNREACHABLE = 4
+    INPUT = 5  # bad input or usage: inventory, data file, template, playbook, arguments
+    LOCKED = 6  # a host's deploy lock is held by another run
+    INTERRUPTED = 130  # Ctrl-C
+
 
 class DeployError(Exception):
     """A problem the user can act on.
 
     `where` is a host name or `file:line: key.path`; `hint` is the next step ("set ... to ...").
     """
-
-    exit_code = 1
 
     def __init__(self, message: str, *, where: str | None = None, hint: str | None = None) -> None:
         super().__init__(message)

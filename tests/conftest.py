@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from ernie_deploy.inventory import load_inventory
-from ernie_deploy.plan import PlanContext, plan_hosts
-from ernie_deploy.plantypes import HostPlan
+from ernie_deploy.inventory.inventory import load_inventory
+from ernie_deploy.planning.plan import PlanContext, plan_hosts
+from ernie_deploy.planning.plantypes import HostPlan
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

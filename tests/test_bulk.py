@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from ernie_deploy.bulk import collector_paused
 from ernie_deploy.errors import InventoryError
-from ernie_deploy.inventory import load_inventory
-from ernie_deploy.plan import PlanContext, plan_hosts
+from ernie_deploy.inventory.inventory import load_inventory
+from ernie_deploy.planning.bulk import collector_paused
+from ernie_deploy.planning.plan import PlanContext, plan_hosts
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "inventory" / "example.yml"
 

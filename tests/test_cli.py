@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from ernie_deploy.cli import main
+from ernie_deploy.cli.main import main
 
 EXAMPLE = str(ROOT / "inventory/example.yml")
 

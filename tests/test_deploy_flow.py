@@ -11,10 +11,18 @@ from pathlib import Path
 import yaml
 from fakehost import FakeHost, connector
 
-from ernie_deploy.deploy import Options, Runner
-from ernie_deploy.inventory import load_inventory
-from ernie_deploy.plan import PlanContext
-from ernie_deploy.results import EXIT_FAILED, EXIT_LOCKED, EXIT_OK, EXIT_UNREACHABLE, Status, exit_code, recap_counts
+from ernie_deploy.inventory.inventory import load_inventory
+from ernie_deploy.orchestration.deploy import Options, Runner
+from ernie_deploy.orchestration.results import (
+    EXIT_FAILED,
+    EXIT_LOCKED,
+    EXIT_OK,
+    EXIT_UNREACHABLE,
+    Status,
+    exit_code,
+    recap_counts,
+)
+from ernie_deploy.planning.plan import PlanContext
 
 
 def inventory(tmp_path: Path, hosts: dict[str, dict]) -> list:  # type: ignore[type-arg]

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from ernie_deploy.errors import InventoryError
-from ernie_deploy.inventory import Host, Inventory, load_inventory
-from ernie_deploy.inventory_patterns import expand_host_key, split_pattern
+from ernie_deploy.inventory.inventory import Host, Inventory, load_inventory
+from ernie_deploy.inventory.patterns import expand_host_key, split_pattern
 
 
 def write(root: Path, rel: str, text: str) -> Path:

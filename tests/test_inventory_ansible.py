@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from ernie_deploy.errors import InventoryError
-from ernie_deploy.inventory import Inventory, load_inventory
+from ernie_deploy.inventory.inventory import Inventory, load_inventory
 
 FIXTURES = sorted(p for p in (Path(__file__).parent / "fixtures" / "inventories").iterdir() if p.is_dir())
 

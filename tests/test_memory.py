@@ -1,7 +1,7 @@
 import pytest
 
-from ernie_deploy.memory import GIB, estimate, kv_layout
-from ernie_deploy.models import bundled_model
+from ernie_deploy.planning.memory import GIB, estimate, kv_layout
+from ernie_deploy.planning.models import bundled_model
 
 A10 = 23028 * 2**20
 ERNIE = bundled_model("ERNIE-4.5-0.3B-PT")

@@ -4,8 +4,8 @@ from pathlib import Path
 import pytest
 
 from ernie_deploy.errors import ConfigError
-from ernie_deploy.hardware import load_catalog
-from ernie_deploy.models import bundled_model, derive_max_len, load_model
+from ernie_deploy.planning.hardware import load_catalog
+from ernie_deploy.planning.models import bundled_model, derive_max_len, load_model
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -52,7 +52,7 @@ def test_derived_max_len_follows_vllm_rules(config: dict, expected: tuple) -> No
 def test_experts_are_found_under_every_key() -> None:
     base = json.loads((Path(bundled_model("ERNIE-4.5-0.3B-PT").source)).read_text())  # type: ignore[union-attr]
     for key in ("moe_num_experts", "num_experts", "n_routed_experts", "num_local_experts"):
-        from ernie_deploy.models import spec_from_config
+        from ernie_deploy.planning.models import spec_from_config
 
         assert spec_from_config({**base, key: 8}, "x", "x").num_experts == 8
 

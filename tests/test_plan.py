@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, ROOT, codes
 
-from ernie_deploy.findings import Severity
-from ernie_deploy.inventory import load_inventory
-from ernie_deploy.plan import PlanContext, plan_hosts
-from ernie_deploy.plantypes import HostPlan
+from ernie_deploy.inventory.inventory import load_inventory
+from ernie_deploy.planning.findings import Severity
+from ernie_deploy.planning.plan import PlanContext, plan_hosts
+from ernie_deploy.planning.plantypes import HostPlan
 
 Plan = Callable[..., HostPlan]
 A10 = {"gpu_model": "NVIDIA A10"}

@@ -22,11 +22,11 @@ import yaml
 from conftest import FIXTURES, ROOT
 from systemd_words import unsystemd
 
-from ernie_deploy.inventory import load_inventory
-from ernie_deploy.plan import PlanContext, plan_hosts
-from ernie_deploy.render import environment_for_templates, render_host, templates_dir
+from ernie_deploy.inventory.inventory import load_inventory
+from ernie_deploy.planning.plan import PlanContext, plan_hosts
+from ernie_deploy.planning.render import environment_for_templates, render_host, templates_dir
 
-SIM = ROOT / "ernie_deploy/lab/sim/vllm_sim.py"
+SIM = ["-m", "ernie_deploy.lab.sim.vllm_sim"]
 CONFIG = ROOT / "ernie_deploy/data/models/ERNIE-4.5-0.3B-PT/config.json"
 
 
@@ -68,7 +68,7 @@ def run_case(tmp: Path, gpus: int, config: Path = CONFIG, **host_vars: object) -
            "CUDA_VISIBLE_DEVICES": cuda.split("=", 2)[2]}
     log = tmp / "vllm.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, str(SIM), *argv[1:]], env=env, stdout=out, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen([sys.executable, *SIM, *argv[1:]], env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     try:
         deadline = time.monotonic() + 30

@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 from systemd_words import unsystemd
 
 from ernie_deploy.errors import RenderError
-from ernie_deploy.inventory import load_inventory
-from ernie_deploy.plan import PlanContext, plan_hosts
-from ernie_deploy.plantypes import HostPlan
-from ernie_deploy.render import environment_for_templates, render_host, systemd_word, templates_dir
+from ernie_deploy.inventory.inventory import load_inventory
+from ernie_deploy.planning.plan import PlanContext, plan_hosts
+from ernie_deploy.planning.plantypes import HostPlan
+from ernie_deploy.planning.render import environment_for_templates, render_host, systemd_word, templates_dir
 
 GOLDEN = Path(__file__).parent / "golden"
 ENV = environment_for_templates(templates_dir())
@@ -140,7 +140,7 @@ def test_any_word_survives_systemd_parsing_or_is_rejected(value: str) -> None:
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.text(min_size=1, max_size=20), min_size=1, max_size=4), st.text(min_size=1, max_size=20))
 def test_hostile_args_and_names_render_safely_or_fail_clearly(args: list[str], name: str) -> None:
-    from ernie_deploy.plan import plan_host
+    from ernie_deploy.planning.plan import plan_host
 
     class H:
         address = "h"
@@ -192,7 +192,7 @@ def test_specifiers_and_dollars_are_escaped(plan_one: Plan) -> None:
 
 
 def test_render_files_have_modes_on_disk(tmp_path: Path) -> None:
-    from ernie_deploy.cli import main
+    from ernie_deploy.cli.main import main
 
     out = tmp_path / "out"
     rc = main(["render", "-i", str(ROOT / "inventory/example.yml"), "-o", str(out)])

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-SIM = Path(__file__).resolve().parents[1] / "ernie_deploy" / "lab" / "sim"
 A10 = {"name": "NVIDIA A10", "memory_total_mib": 23028}
 
 
@@ -27,8 +26,8 @@ def write_gpus(root: Path, count: int = 2, nvlink: bool = False, **gpu: object) 
 
 def smi(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "ERNIE_LAB_ROOT": str(root)}
-    return subprocess.run([sys.executable, str(SIM / "nvidia_smi.py"), *args], env=env, capture_output=True,
-                          text=True, timeout=20, check=False)
+    return subprocess.run([sys.executable, "-m", "ernie_deploy.lab.sim.nvidia_smi", *args], env=env,
+                          capture_output=True, text=True, timeout=20, check=False)
 
 
 def register(root: Path, key: str, pid: int, uuid: str, used: int, util: int = 0) -> None:

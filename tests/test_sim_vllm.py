@@ -23,7 +23,6 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SIM = REPO / "ernie_deploy" / "lab" / "sim"
 ERNIE_CONFIG = json.loads((REPO / "ernie_deploy/data/models/ERNIE-4.5-0.3B-PT/config.json").read_text())
 LOAD = "0.3"
 
@@ -70,7 +69,7 @@ class Lab:
         return {**env, "ERNIE_LAB_ROOT": str(self.root), "VLLM_SIM_LOAD_SECONDS": LOAD, **extra}
 
     def run(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, str(SIM / "vllm_sim.py"), *args], env=self.env(**env),
+        return subprocess.run([sys.executable, "-m", "ernie_deploy.lab.sim.vllm_sim", *args], env=self.env(**env),
                               capture_output=True, text=True, timeout=30, check=False, start_new_session=True)
 
     def serve_fail(self, *flags: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -81,15 +80,15 @@ class Lab:
         log = self.root / f"vllm-{port}.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen(
-                [sys.executable, str(SIM / "vllm_sim.py"), "serve", model or self.model, "--host", "127.0.0.1",
-                 "--port", str(port), *flags],
+                [sys.executable, "-m", "ernie_deploy.lab.sim.vllm_sim", "serve", model or self.model,
+                 "--host", "127.0.0.1", "--port", str(port), *flags],
                 env=self.env(**env), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )
         self.procs.append(proc)
         return Server(proc, port, log)
 
     def smi(self, *args: str) -> str:
-        return subprocess.run([sys.executable, str(SIM / "nvidia_smi.py"), *args], env=self.env(),
+        return subprocess.run([sys.executable, "-m", "ernie_deploy.lab.sim.nvidia_smi", *args], env=self.env(),
                               capture_output=True, text=True, timeout=20, check=True).stdout
 
     def kill_all(self) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ernie_deploy.checks.result import CheckResult, Status
-from ernie_deploy.checks.signatures import JOURNAL_PREFIX, as_text, scan, strip_prefix
+from ernie_deploy.checks.signatures import CONTEXT_KEYS, JOURNAL_PREFIX, as_text, scan, strip_prefix
 from ernie_deploy.errors import ConfigError
 
 _START = re.compile(r"^(?:vLLM API server version |vLLM server version )")
@@ -187,6 +187,17 @@ def _pattern(kind: str, pattern: str, values: Mapping[str, Any]) -> re.Pattern[s
     except re.error as exc:
         raise ConfigError(f"{kind} pattern {pattern!r} is not a valid regular expression: {exc.msg}",
                           where=f"{kind}: {pattern}", hint="escape literal ( ) [ ] . with a backslash") from exc
+
+
+def check_pattern(kind: str, pattern: str) -> ConfigError | None:
+    """The error a playbook pattern would raise when a check runs (unknown placeholder, bad regex), or None.
+
+    Placeholders get a stand-in value so the check needs no plan: run it when the playbook is loaded."""
+    try:
+        _pattern(kind, pattern, dict.fromkeys(CONTEXT_KEYS, "0"))
+    except ConfigError as exc:
+        return exc
+    return None
 
 
 def _search(rx: re.Pattern[str], lines: Sequence[str]) -> str | None:

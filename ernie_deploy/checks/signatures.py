@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ernie_deploy.checks.result import Status
-from ernie_deploy.datafiles import bundled, load_yaml
-from ernie_deploy.datafiles import expect as expect_type
 from ernie_deploy.errors import ConfigError
+from ernie_deploy.planning.datafiles import bundled, load_yaml
+from ernie_deploy.planning.datafiles import expect as expect_type
 
 if TYPE_CHECKING:
-    from ernie_deploy.plantypes import InstancePlan
+    from ernie_deploy.planning.plantypes import InstancePlan
 
 # `journalctl -o short` / `-o short-iso` put "time host ident[pid]: " before the message.
 JOURNAL_PREFIX = re.compile(
@@ -223,6 +223,10 @@ def scan(
 def _generic(name: str, signatures: Sequence[Signature] | None) -> bool:
     sigs = signatures if signatures is not None else load_signatures()
     return any(s.generic for s in sigs if s.name == name)
+
+
+CONTEXT_KEYS = ("unit", "port", "gpus", "served_model_name", "tensor_parallel_size", "max_model_len",
+                "gpu_memory_utilization", "num_attention_heads")
 
 
 def instance_context(instance: InstancePlan, num_attention_heads: int | None = None) -> dict[str, Any]:

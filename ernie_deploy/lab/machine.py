@@ -100,20 +100,29 @@ def install_models(root: Path) -> None:
         shutil.copy2(model / "config.json", target / "config.json")
 
 
+SIM_PACKAGE = "ernie_lab_sim"  # the simulator package's name inside a lab host
+SIM_LIB = "/opt/ernie-lab/lib"
+ENTRY_POINTS = {"opt/vllm/bin/vllm": "vllm_sim", "usr/bin/nvidia-smi": "nvidia_smi"}
+
+
+def entry_script(module: str) -> str:
+    """A command that runs one simulator module with the host's python3, the way a console script would."""
+    return f'#!/bin/sh\nPYTHONPATH={SIM_LIB} exec python3 -m {SIM_PACKAGE}.{module} "$@"\n'
+
+
 def install_simulators(root: Path) -> None:
-    """The simulators as they are in the source tree right now, so a sim edit needs only a new `lab up`."""
-    target = root / "opt/ernie-lab/sim"
+    """The simulator package as it is in the source tree right now, so a sim edit needs only a new `lab up`."""
+    target = root / SIM_LIB.lstrip("/") / SIM_PACKAGE
     if target.exists():
         shutil.rmtree(target)
-    shutil.copytree(SIM_DIR, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    for script in target.glob("*.py"):
+    shutil.copytree(SIM_DIR, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.md"))
+    for path, module in ENTRY_POINTS.items():
+        script = root / path
+        script.parent.mkdir(parents=True, exist_ok=True)
+        if script.is_symlink() or script.exists():
+            script.unlink()
+        script.write_text(entry_script(module))
         script.chmod(0o755)
-    for link, dest in ((root / "opt/vllm/bin/vllm", "/opt/ernie-lab/sim/vllm_sim.py"),
-                       (root / "usr/bin/nvidia-smi", "/opt/ernie-lab/sim/nvidia_smi.py")):
-        link.parent.mkdir(parents=True, exist_ok=True)
-        if link.is_symlink() or link.exists():
-            link.unlink()
-        link.symlink_to(dest)
 
 
 def _write(path: Path, text: str) -> None:

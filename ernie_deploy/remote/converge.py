@@ -18,9 +18,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from ernie_deploy.plantypes import HostPlan
+from ernie_deploy.planning.plantypes import HostPlan
+from ernie_deploy.planning.render import ENV_DIR, UNIT_DIR, RenderedFile
 from ernie_deploy.remote.facts import HostFacts
-from ernie_deploy.render import ENV_DIR, UNIT_DIR, RenderedFile
 
 STATE_DIR = "/var/lib/ernie-deploy"
 PREV_DIR = f"{STATE_DIR}/prev"

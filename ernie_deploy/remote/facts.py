@@ -12,7 +12,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from ernie_deploy.render import ENV_DIR, UNIT_DIR
+from ernie_deploy.planning.render import ENV_DIR, UNIT_DIR
 
 MARK = "@@ernie-deploy:"
 UNIT_GLOB = "ernie-vllm-*.service"

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 import yaml
 
-from ernie_deploy.cli import main
+from ernie_deploy.cli.main import main
 from ernie_deploy.lab import Lab, LabState
+from ernie_deploy.planning.render import environment_for_templates, render_host, templates_dir
 from ernie_deploy.remote import converge
 from ernie_deploy.remote.ssh import Target, connect
-from ernie_deploy.render import environment_for_templates, render_host, templates_dir
 from lab.labhelpers import wait_for
 
 pytestmark = pytest.mark.lab
@@ -92,9 +92,9 @@ def test_deploy_makes_every_unit_active_healthy_and_exactly_rendered(
     rc, hosts = deploy(capsys, inv)
     assert rc == 0, hosts
     assert {h["status"] for h in hosts.values()} == {"changed"}
-    from ernie_deploy.deploy import discovered
-    from ernie_deploy.inventory import load_inventory
-    from ernie_deploy.plan import PlanContext, plan_host
+    from ernie_deploy.inventory.inventory import load_inventory
+    from ernie_deploy.orchestration.deploy import discovered
+    from ernie_deploy.planning.plan import PlanContext, plan_host
     from ernie_deploy.remote.facts import gather_script, parse_facts
 
     env = environment_for_templates(templates_dir())
@@ -235,8 +235,8 @@ def test_held_lock_fails_cleanly_then_lock_wait_succeeds(capsys: pytest.CaptureF
 
 def test_truncated_upload_leaves_no_half_written_file(lab: Lab, deployed: LabState) -> None:
     """A controller killed mid-upload: the stream ends early, tar fails, nothing is moved, no temp is left."""
-    from ernie_deploy.inventory import load_inventory
-    from ernie_deploy.plan import PlanContext, plan_host
+    from ernie_deploy.inventory.inventory import load_inventory
+    from ernie_deploy.planning.plan import PlanContext, plan_host
 
     host = load_inventory(Path(deployed.inventory)).hosts["a10-1"]
     plan = plan_host(host, PlanContext.load())

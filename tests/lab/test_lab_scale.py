@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ernie_deploy.cli import main
+from ernie_deploy.cli.main import main
 from ernie_deploy.lab import Lab
 from ernie_deploy.lab.spec import parse_spec
 

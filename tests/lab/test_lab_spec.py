@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from ernie_deploy.cli import lab as cli
 from ernie_deploy.errors import DeployError
-from ernie_deploy.lab import access, cli, rootfs
+from ernie_deploy.lab import access, rootfs
 from ernie_deploy.lab.spec import gpu_uuid, load_spec, parse_spec
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from ernie_deploy.cli import main
+from ernie_deploy.cli.main import main
 from ernie_deploy.lab import Lab, LabState
 from lab.labhelpers import Units, wait_for
 from lab.test_lab_deploy import clean, write_inventory

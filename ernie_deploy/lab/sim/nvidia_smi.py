@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Simulated `nvidia-smi` for the rehearsal lab.
 
 Reads the host's GPUs from ``$ERNIE_LAB_ROOT/etc/ernie-lab/gpus.json`` and live usage registered by
@@ -16,8 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-# Python puts the symlink-resolved script directory first on sys.path, so the sibling imports.
-from simstate import Gpu, HostGpus, load_host_gpus, read_entries, used_mib_by_gpu, utilization_by_gpu
+from .simstate import Gpu, HostGpus, load_host_gpus, read_entries, used_mib_by_gpu, utilization_by_gpu
 
 NO_DRIVER = (
     "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "

@@ -10,7 +10,7 @@ import argparse
 import re
 from typing import Any
 
-from vllm_versions import Profile
+from .vllm_versions import Profile
 
 _DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 _BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}

@@ -18,7 +18,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from vllm_versions import Profile
+from .vllm_versions import Profile
 
 # Routes as vLLM logs them at start-up ("Route: %s, Methods: %s"), in its order.
 ROUTES: tuple[tuple[str, str], ...] = (

@@ -11,8 +11,8 @@ import threading
 import time
 from typing import TextIO
 
-from vllm_model import StartupError
-from vllm_versions import Profile
+from .vllm_model import StartupError
+from .vllm_versions import Profile
 
 SITE = "/opt/vllm/lib/python3.12/site-packages/vllm"
 

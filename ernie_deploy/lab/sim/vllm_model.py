@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_versions import Profile
+from .vllm_versions import Profile
 
 GIB = 1024**3
 BLOCK_SIZE = 16

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Simulated `vllm` CLI for the rehearsal lab (`vllm --version`, `vllm serve MODEL [flags]`).
 
 Faithful to the project reference (/work/shared/reference/vllm.md) for what a deployment sees: the
@@ -21,12 +20,12 @@ from argparse import Namespace
 from dataclasses import dataclass
 from typing import Any
 
-import simstate
-from simstate import GpuProc, UsageEntry
-from vllm_args import parse_serve_args
-from vllm_http import ROUTES, ServerState, make_server
-from vllm_log import VllmLog, report_startup_error
-from vllm_model import (
+from . import simstate
+from .simstate import GpuProc, UsageEntry
+from .vllm_args import parse_serve_args
+from .vllm_http import ROUTES, ServerState, make_server
+from .vllm_log import VllmLog, report_startup_error
+from .vllm_model import (
     GIB,
     DerivedLen,
     EngineSettings,
@@ -55,7 +54,7 @@ from vllm_model import (
     torch_dtype_name,
     world_size_error,
 )
-from vllm_versions import DEFAULT_VERSION, Profile, has_ernie, profile_for
+from .vllm_versions import DEFAULT_VERSION, Profile, has_ernie, profile_for
 
 DEFAULT_LOAD_SECONDS = 3.0
 CONTEXT_MIB = 500  # memory a process shows right after CUDA init, before weights

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ernie_deploy.datafiles import bundled, load_json
 from ernie_deploy.errors import ConfigError
+from ernie_deploy.planning.datafiles import bundled, load_json
 
 # vLLM checks these keys and takes the smallest value it finds (0.34.0 derive_max_model_len_and_key).
 LENGTH_KEYS = (

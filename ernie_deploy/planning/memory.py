@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ernie_deploy.models import ModelSpec
+from ernie_deploy.planning.models import ModelSpec
 
 GIB = 2**30
 BLOCK_SIZE = 16

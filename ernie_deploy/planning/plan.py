@@ -9,16 +9,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from ernie_deploy.bulk import collector_paused
 from ernie_deploy.errors import DeployError
-from ernie_deploy.findings import Finding, Severity
-from ernie_deploy.hardware import Catalog, GpuType, load_catalog
-from ernie_deploy.models import ModelSpec, bundled_model, load_model, spec_from_config
-from ernie_deploy.plantypes import Discovered, HostPlan, InstancePlan
-from ernie_deploy.recommend import Row, Table, load_table
-from ernie_deploy.settings import DEFAULTS, Setting, host_secrets, inventory_settings
-from ernie_deploy.validate import check_instance, check_sharing, memory_for
-from ernie_deploy.versions import parse_version, version_facts
+from ernie_deploy.planning.bulk import collector_paused
+from ernie_deploy.planning.findings import Finding, Severity
+from ernie_deploy.planning.hardware import Catalog, GpuType, load_catalog
+from ernie_deploy.planning.models import ModelSpec, bundled_model, load_model, spec_from_config
+from ernie_deploy.planning.plantypes import Discovered, HostPlan, InstancePlan
+from ernie_deploy.planning.recommend import Row, Table, load_table
+from ernie_deploy.planning.settings import DEFAULTS, Setting, host_secrets, inventory_settings
+from ernie_deploy.planning.validate import check_instance, check_sharing, memory_for
+from ernie_deploy.planning.versions import parse_version, version_facts
 
 
 class HostLike(Protocol):

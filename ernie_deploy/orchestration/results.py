@@ -8,7 +8,7 @@ from enum import Enum
 from typing import Any
 
 from ernie_deploy.checks.result import CheckResult
-from ernie_deploy.findings import Finding
+from ernie_deploy.planning.findings import Finding
 
 JSON_SCHEMA = "ernie-deploy/deploy/v1"
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import jinja2
 
-from ernie_deploy.bulk import collector_paused
 from ernie_deploy.errors import DeployError, RenderError
-from ernie_deploy.plantypes import HostPlan, InstancePlan
-from ernie_deploy.versions import parse_version, version_facts
+from ernie_deploy.planning.bulk import collector_paused
+from ernie_deploy.planning.plantypes import HostPlan, InstancePlan
+from ernie_deploy.planning.versions import parse_version, version_facts
 
 UNIT_DIR = "/etc/systemd/system"
 ENV_DIR = "/etc/ernie-deploy"
@@ -140,7 +140,7 @@ def templates_dir(user_dir: Path | None = None) -> Path:
     packaged = Path(str(resources.files("ernie_deploy") / "templates"))
     if packaged.is_dir():
         return packaged
-    return Path(__file__).resolve().parent.parent / "templates"
+    return Path(__file__).resolve().parents[2] / "templates"
 
 
 def environment_for_templates(directory: Path) -> jinja2.Environment:

@@ -1,8 +1,5 @@
-"""Command line: thin commands over the pure planning core.
-
-Exit codes: 0 success; 1 a host's plan has errors (nothing rendered for it); 2 bad input or usage
-(inventory, data file, template, arguments); 130 interrupted.
-"""
+"""Command line: the parser, the planning commands (plan, render, explain, inventory) and the one error
+handler. Exit codes are `errors.ExitCode`."""
 
 from __future__ import annotations
 
@@ -17,17 +14,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from ernie_deploy import __version__, console
-from ernie_deploy.cli_remote import register as register_remote
-from ernie_deploy.errors import DeployError
-from ernie_deploy.inventory import Inventory, load_inventory
-from ernie_deploy.lab.cli import register as register_lab
-from ernie_deploy.plan import PlanContext, plan_hosts
-from ernie_deploy.plantypes import HostPlan
-from ernie_deploy.render import environment_for_templates, render_hosts, templates_dir
-from ernie_deploy.report import show_explain, show_plans
+from ernie_deploy import __version__
+from ernie_deploy.cli.lab import register as register_lab
+from ernie_deploy.cli.remote import register as register_remote
+from ernie_deploy.errors import DeployError, ExitCode
+from ernie_deploy.inventory.inventory import Inventory, load_inventory
+from ernie_deploy.output import console
+from ernie_deploy.output.report import show_explain, show_plans
+from ernie_deploy.planning.plan import PlanContext, plan_hosts
+from ernie_deploy.planning.plantypes import HostPlan
+from ernie_deploy.planning.render import environment_for_templates, render_hosts, templates_dir
 
-EXIT_OK, EXIT_PLAN_ERRORS, EXIT_INPUT = 0, 1, 5
 JSON_SCHEMA = "ernie-deploy/plan/v1"
 
 log = logging.getLogger("ernie_deploy")
@@ -51,7 +48,7 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
-        self.exit(EXIT_INPUT, f"{self.prog}: error: {message}\n")
+        self.exit(ExitCode.INPUT, f"{self.prog}: error: {message}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -128,7 +125,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         bad = [p.name for p in plans if not p.ok]
         summary = f"{len(plans)} host(s), {len(bad)} with errors" + (f": {', '.join(bad)}" if bad else "")
         console.out.print(summary, markup=False)
-    return EXIT_OK if all(p.ok for p in plans) else EXIT_PLAN_ERRORS
+    return ExitCode.OK if all(p.ok for p in plans) else ExitCode.PLAN_ERRORS
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -147,7 +144,7 @@ def cmd_render(args: argparse.Namespace) -> int:
             console.out.print(f"wrote {path}", markup=False)
         for exc in failed.values():
             console.err.print(f"error: {exc}", markup=False)
-    return EXIT_PLAN_ERRORS if failed else EXIT_OK
+    return ExitCode.PLAN_ERRORS if failed else ExitCode.OK
 
 
 def _write_host(out: Path, host: str, files: list) -> list[str]:
@@ -188,18 +185,18 @@ def cmd_explain(args: argparse.Namespace) -> int:
     else:
         show_explain(plan)
         show_plans([plan], verbose=True)
-    return EXIT_OK if plan.ok else EXIT_PLAN_ERRORS
+    return ExitCode.OK if plan.ok else ExitCode.PLAN_ERRORS
 
 
 def cmd_inventory(args: argparse.Namespace) -> int:
     inventory = load_inventory(args.inventory)
     if args.graph:
         sys.stdout.write(inventory.graph(args.graph, with_vars=args.vars) + "\n")
-        return EXIT_OK
+        return ExitCode.OK
     data = inventory.ansible_list() if args.list else inventory.ansible_host(args.host)
     # ansible-inventory's JSON: 4-space indent, sorted keys.
     sys.stdout.write(json.dumps(data, indent=4, sort_keys=True) + "\n")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -213,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.verbose >= 3:
             log.exception("error")
         console.err.print(f"error: {exc}", markup=False, highlight=False)
-        return EXIT_INPUT
+        return ExitCode.INPUT
     except KeyboardInterrupt:
         console.err.print("interrupted", markup=False)
-        return 130
+        return ExitCode.INTERRUPTED

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ernie_deploy.datafiles import bundled, expect, load_yaml, mapping
 from ernie_deploy.errors import ConfigError
+from ernie_deploy.planning.datafiles import bundled, expect, load_yaml, mapping
 
 MIB = 2**20
 

@@ -11,11 +11,23 @@ Patterns are regular expressions; `{name}` placeholders take the instance's plan
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from ernie_deploy.datafiles import expect, load_yaml, mapping
+from ernie_deploy.checks.logscan import check_pattern
 from ernie_deploy.errors import ConfigError
-from ernie_deploy.instancecheck import Expectations
+from ernie_deploy.planning.datafiles import expect, load_yaml, mapping
+
+
+@dataclass(frozen=True)
+class Expectations:
+    """Playbook additions: extra log patterns, and whether the smoke completion streams."""
+
+    expect: Sequence[str] = ()
+    forbid: Sequence[str] = ()
+    stream: bool = False
+
 
 KEYS = {"verify"}
 VERIFY_KEYS = {"stream", "expect", "forbid"}
@@ -37,6 +49,10 @@ def load_playbook(path: Path) -> Expectations:
         items = expect(verify.get(key, []), list, where, f"verify.{key}")
         for i, item in enumerate(items):
             expect(item, str, where, f"verify.{key}[{i}]")
+            # A typo in a pattern must stop the run here, before any host is restarted.
+            problem = check_pattern(key, item)
+            if problem is not None:
+                raise ConfigError(f"verify.{key}[{i}]: {problem.message}", where=where, hint=problem.hint)
         patterns[key] = tuple(items)
     return Expectations(expect=patterns["expect"], forbid=patterns["forbid"],
                         stream=expect(verify.get("stream", False), bool, where, "verify.stream"))

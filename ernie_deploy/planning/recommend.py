@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ernie_deploy.datafiles import bundled, expect, load_yaml, mapping
 from ernie_deploy.errors import ConfigError, DeployError
-from ernie_deploy.hardware import Catalog, GpuType
-from ernie_deploy.settings import SETTING_TYPES, check_type
+from ernie_deploy.planning.datafiles import bundled, expect, load_yaml, mapping
+from ernie_deploy.planning.hardware import Catalog, GpuType
+from ernie_deploy.planning.settings import SETTING_TYPES, check_type
 
 
 @dataclass(frozen=True)

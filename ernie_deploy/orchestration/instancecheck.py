@@ -2,26 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-
-from ernie_deploy import httpprobe
 from ernie_deploy.checks import http as judge
 from ernie_deploy.checks.gpus import check_gpus
 from ernie_deploy.checks.logscan import check_startup_log
+from ernie_deploy.checks.playbook import Expectations
 from ernie_deploy.checks.result import CheckInputError, CheckResult
 from ernie_deploy.checks.signatures import instance_context
-from ernie_deploy.plantypes import HostPlan, InstancePlan
+from ernie_deploy.orchestration import httpprobe
+from ernie_deploy.planning.plantypes import HostPlan, InstancePlan
 from ernie_deploy.remote.probe import UnitState, descendants
-
-
-@dataclass(frozen=True)
-class Expectations:
-    """Playbook additions: extra log patterns, and whether the smoke completion streams."""
-
-    expect: Sequence[str] = ()
-    forbid: Sequence[str] = ()
-    stream: bool = False
 
 
 def address_of(plan: HostPlan, inst: InstancePlan) -> str:

@@ -13,11 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ernie_deploy import httpprobe
 from ernie_deploy.checks import http as judge
+from ernie_deploy.checks.playbook import Expectations
 from ernie_deploy.checks.signatures import instance_context, scan
-from ernie_deploy.instancecheck import Expectations, address_of, api_key
-from ernie_deploy.plantypes import HostPlan, InstancePlan
+from ernie_deploy.orchestration import httpprobe
+from ernie_deploy.orchestration.instancecheck import address_of, api_key
+from ernie_deploy.planning.plantypes import HostPlan, InstancePlan
 from ernie_deploy.remote.probe import parse, unit_script
 from ernie_deploy.remote.ssh import RunResult
 

@@ -10,21 +10,20 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from ernie_deploy import console
 from ernie_deploy.checks.junit import to_junit
+from ernie_deploy.checks.playbook import Expectations, load_playbook
 from ernie_deploy.checks.result import CheckResult
-from ernie_deploy.deploy import Options, Runner, target_for
 from ernie_deploy.errors import DeployError
-from ernie_deploy.instancecheck import Expectations
-from ernie_deploy.inventory import load_inventory
-from ernie_deploy.plan import PlanContext, plan_host
-from ernie_deploy.playbook import load_playbook
-from ernie_deploy.recap import show_checks, show_recap, show_results
+from ernie_deploy.inventory.inventory import load_inventory
+from ernie_deploy.orchestration.deploy import Options, Runner, target_for
+from ernie_deploy.orchestration.results import JSON_SCHEMA, exit_code
+from ernie_deploy.orchestration.verify import Verifier
+from ernie_deploy.output import console
+from ernie_deploy.output.recap import show_checks, show_recap, show_results
+from ernie_deploy.planning.plan import PlanContext, plan_host
 from ernie_deploy.remote import lock
 from ernie_deploy.remote.facts import gather_script, parse_facts
 from ernie_deploy.remote.ssh import HostKeyPolicy, RemoteError, connect
-from ernie_deploy.results import JSON_SCHEMA, exit_code
-from ernie_deploy.verify import Verifier
 
 log = logging.getLogger(__name__)
 

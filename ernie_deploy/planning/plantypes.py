@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ernie_deploy.findings import Finding, Severity
-from ernie_deploy.hardware import GpuType
-from ernie_deploy.memory import MemoryEstimate
-from ernie_deploy.models import ModelSpec
-from ernie_deploy.settings import Secret, Setting
+from ernie_deploy.planning.findings import Finding, Severity
+from ernie_deploy.planning.hardware import GpuType
+from ernie_deploy.planning.memory import MemoryEstimate
+from ernie_deploy.planning.models import ModelSpec
+from ernie_deploy.planning.settings import Secret, Setting
 
 
 @dataclass(frozen=True)

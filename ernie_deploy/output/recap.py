@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ernie_deploy import console
-from ernie_deploy.report import STYLE
-from ernie_deploy.results import HostResult, Status, recap_counts
+from ernie_deploy.orchestration.results import HostResult, Status, recap_counts
+from ernie_deploy.output import console
+from ernie_deploy.output.report import STYLE
 
 COLOUR = {Status.OK: "green", Status.CHANGED: "yellow", Status.FAILED: "bold red", Status.UNREACHABLE: "bold red",
           Status.SKIPPED: "cyan", Status.LOCKED: "bold magenta"}

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ernie_deploy.errors import InventoryError
-from ernie_deploy.inventory_patterns import expand_host_key
-from ernie_deploy.inventory_yaml import Marked, plain, type_name
+from ernie_deploy.inventory.patterns import expand_host_key
+from ernie_deploy.inventory.yamlfile import Marked, plain, type_name
 
 _SECTIONS = ("vars", "children", "hosts")
 BUILTIN_GROUPS = ("all", "ungrouped")

@@ -6,13 +6,13 @@ journal, nvidia-smi, the process tree); HTTP from here; then the pure checks.
 
 from __future__ import annotations
 
-from ernie_deploy.deploy import Runner, Session, discovered, target_for
-from ernie_deploy.findings import Severity
-from ernie_deploy.instancecheck import instance_checks
-from ernie_deploy.plan import HostLike, plan_host
+from ernie_deploy.orchestration.deploy import Runner, Session, discovered, target_for
+from ernie_deploy.orchestration.instancecheck import instance_checks
+from ernie_deploy.orchestration.results import HostResult, Status
+from ernie_deploy.planning.findings import Severity
+from ernie_deploy.planning.plan import HostLike, plan_host
 from ernie_deploy.remote import probe
 from ernie_deploy.remote.facts import gather_script, parse_facts
-from ernie_deploy.results import HostResult, Status
 
 
 class Verifier(Runner):

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ernie_deploy import console
-from ernie_deploy.findings import Severity
-from ernie_deploy.memory import GIB
-from ernie_deploy.plantypes import HostPlan
-from ernie_deploy.render import exec_words
-from ernie_deploy.settings import Secret
+from ernie_deploy.output import console
+from ernie_deploy.planning.findings import Severity
+from ernie_deploy.planning.memory import GIB
+from ernie_deploy.planning.plantypes import HostPlan
+from ernie_deploy.planning.render import exec_words
+from ernie_deploy.planning.settings import Secret
 
 STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.ADVICE: "cyan", Severity.INFO: "dim"}
 

@@ -8,8 +8,8 @@ from enum import Enum
 from functools import cache
 from typing import Any
 
-from ernie_deploy.datafiles import bundled, load_yaml, mapping
 from ernie_deploy.errors import ConfigError
+from ernie_deploy.planning.datafiles import bundled, load_yaml, mapping
 
 Version = tuple[int, ...]
 

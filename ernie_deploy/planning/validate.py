@@ -10,12 +10,12 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
 
-from ernie_deploy.findings import Finding, Severity
-from ernie_deploy.hardware import GpuType
-from ernie_deploy.memory import GIB, MemoryEstimate, estimate
-from ernie_deploy.models import ModelSpec
-from ernie_deploy.plantypes import InstancePlan
-from ernie_deploy.versions import Presence, Version, version_facts
+from ernie_deploy.planning.findings import Finding, Severity
+from ernie_deploy.planning.hardware import GpuType
+from ernie_deploy.planning.memory import GIB, MemoryEstimate, estimate
+from ernie_deploy.planning.models import ModelSpec
+from ernie_deploy.planning.plantypes import InstancePlan
+from ernie_deploy.planning.versions import Presence, Version, version_facts
 
 # Flags ernie-deploy writes itself from settings; in extra_args they would be duplicated or, for the
 # API key, leak a secret onto the command line.

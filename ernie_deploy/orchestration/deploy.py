@@ -14,17 +14,18 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Protocol
 
-from ernie_deploy import readiness
+from ernie_deploy.checks.playbook import Expectations
 from ernie_deploy.errors import DeployError
-from ernie_deploy.findings import Severity
-from ernie_deploy.instancecheck import Expectations, instance_checks
-from ernie_deploy.plan import HostLike, PlanContext, plan_host
-from ernie_deploy.plantypes import Discovered, HostPlan, InstancePlan
+from ernie_deploy.orchestration import readiness
+from ernie_deploy.orchestration.instancecheck import instance_checks
+from ernie_deploy.orchestration.results import HostResult, Status
+from ernie_deploy.planning.findings import Severity
+from ernie_deploy.planning.plan import HostLike, PlanContext, plan_host
+from ernie_deploy.planning.plantypes import Discovered, HostPlan, InstancePlan
+from ernie_deploy.planning.render import environment_for_templates, render_host, templates_dir
 from ernie_deploy.remote import converge, lock, probe
 from ernie_deploy.remote.facts import HostFacts, gather_script, parse_facts
 from ernie_deploy.remote.ssh import Failure, RemoteError, RunResult, Target
-from ernie_deploy.render import environment_for_templates, render_host, templates_dir
-from ernie_deploy.results import HostResult, Status
 
 
 class Session(Protocol):

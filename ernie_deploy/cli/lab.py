@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ernie_deploy import console
 from ernie_deploy.lab.lab import Lab
 from ernie_deploy.lab.spec import load_spec
 from ernie_deploy.lab.state import LabState
+from ernie_deploy.output import console
 
 _DESCRIPTION = (
     "The rehearsal lab: one systemd-nspawn container per simulated GPU host, each with real systemd, "

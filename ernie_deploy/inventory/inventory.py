@@ -17,11 +17,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from ernie_deploy.bulk import collector_paused
 from ernie_deploy.errors import InventoryError
-from ernie_deploy.inventory_groups import BUILTIN_GROUPS, GroupBuilder
-from ernie_deploy.inventory_patterns import PatternMatcher
-from ernie_deploy.inventory_yaml import load_yaml, plain, to_json, type_name
+from ernie_deploy.inventory.groups import BUILTIN_GROUPS, GroupBuilder
+from ernie_deploy.inventory.patterns import PatternMatcher
+from ernie_deploy.inventory.yamlfile import load_yaml, plain, to_json, type_name
+from ernie_deploy.planning.bulk import collector_paused
 
 # Names ansible-inventory strips from its output (ansible.constants.INTERNAL_STATIC_VARS): magic
 # variables such as inventory_hostname, and anything a user sets under one of these names.
