@@ -1,23 +1,61 @@
 """A scripted stand-in for one SSH host, for orchestration tests without a network.
 
-It understands the few scripts the deploy layer sends (by their labels): it answers facts from its
-in-memory state, applies the tar payload of "apply changes" the way the real script would, and keeps
-the deploy lock.
+It answers the typed commands the orchestration sends by their operation (never by display label): facts
+from its in-memory state, the deploy lock, stage (the tar payload installed as the real script would, a
+release recorded), activate (units restarted), and the probes of a running instance: systemd state, a
+start-up journal (real simulator output for the unit's TP, with the unit's values), nvidia-smi, the process
+tree and the HTTP answers (/health, /v1/models, a completion) the host would get. Anything else fails.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
+import json
 import re
 import tarfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from ernie_deploy.remote import lock
+from ernie_deploy.remote import http
+from ernie_deploy.remote.command import Command, Op
 from ernie_deploy.remote.ssh import Failure, RemoteError, RunResult, Target
 
-CONFIG = open(  # noqa: SIM115 - read once at import
-    __file__.rsplit("/", 1)[0] + "/../ernie_deploy/data/models/ERNIE-4.5-0.3B-PT/config.json").read()
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = (ROOT / "ernie_deploy/data/models/ERNIE-4.5-0.3B-PT/config.json").read_text()
+LOGS = {1: "healthy-0.11.0-tp1.log", 2: "healthy-0.34.0-tp2.log", 4: "healthy-0.34.0-tp4.log"}
+MARK = "@@ernie-deploy:"
+
+
+def startup_journal(tp: int, max_len: int) -> list[str]:
+    """Real simulator start-up lines for this TP, with the unit's max_model_len."""
+    lines = [x for x in (ROOT / "tests/fixtures/logs/sim" / LOGS[tp]).read_text().splitlines()
+             if not x.startswith("#")]
+    text = "\n".join(lines)
+    for pattern in (r"(max_seq_len=)\d+", r"('max_model_len': )\d+", r"(max model len )\d+", r"(max_model_len=)\d+"):
+        text = re.sub(pattern, rf"\g<1>{max_len}", text)
+    return text.splitlines()
+
+
+@dataclass
+class Unit:
+    tp: int
+    max_len: int
+    name: str
+    gpus: tuple[int, ...]
+    port: int
+
+
+def parse_unit(text: str) -> Unit:
+    def flag(name: str, default: str) -> str:
+        m = re.search(rf"--{name}[ =](\S+)", text)
+        return m.group(1).strip("'\"") if m else default
+
+    gpus = re.search(r"CUDA_VISIBLE_DEVICES=([\d,]+)", text)
+    return Unit(int(flag("tensor-parallel-size", "1")), int(flag("max-model-len", "0")),
+                flag("served-model-name", "?"), tuple(int(g) for g in gpus.group(1).split(",")) if gpus else (0,),
+                int(flag("port", "8000")))
 
 
 @dataclass
@@ -26,33 +64,101 @@ class FakeHost:
     files: dict[str, str] = field(default_factory=dict)
     active: dict[str, int] = field(default_factory=dict)  # unit → start count (present = running)
     lock_info: str | None = None
-    applied: list[str] = field(default_factory=list)
+    applied: list[str] = field(default_factory=list)  # stage scripts
+    releases: list[dict[str, object]] = field(default_factory=list)
+    pending: set[str] = field(default_factory=set)
     unreachable: bool = False
+    restart_marker: bool = True  # False: activate prints no marker (a host that swallows output)
+    serve_len: int | None = None  # /v1/models reports this max_model_len instead of the unit's
+    fail_on: Op | None = None  # raise an unexpected (non-ernie) exception on this operation
 
     def facts_text(self) -> str:
         gpus = "\n".join(f"{i}, NVIDIA A10, GPU-{i:08d}-0000-0000-0000-000000000000, 23028, 550.127.05"
                          for i in range(self.gpus))
         hashes = "\n".join(f"{hashlib.sha256(c.encode()).hexdigest()}  {p}" for p, c in sorted(self.files.items()))
-        units = "\n\n".join(
-            f"Id={u}\nLoadState=loaded\nActiveState={'active' if u in self.active else 'inactive'}\n"
-            f"SubState=running\nMainPID=100\nInvocationID=x\nNRestarts=0\n"
-            f"ExecMainStartTimestampMonotonic={self.active.get(u, 0)}\nUnitFileState=enabled"
-            for u in sorted({p.rsplit('/', 1)[1] for p in self.files if p.endswith('.service')}))
-        return (f"\n@@ernie-deploy:gpus\n{gpus}\nrc=0\n@@ernie-deploy:topo\n\n@@ernie-deploy:systemd\nsystemd 252\n"
-                f"@@ernie-deploy:files\n{hashes}\n@@ernie-deploy:units\n{units}\n"
-                f"@@ernie-deploy:model\n{CONFIG}\nrc=0\n@@ernie-deploy:vllm\n0.34.0\nrc=0\n@@ernie-deploy:end\n")
+        units = "\n\n".join(self.show(u) for u in self.unit_names())
+        return (f"\n{MARK}gpus\n{gpus}\nrc=0\n{MARK}topo\n\n{MARK}systemd\nsystemd 252\n"
+                f"{MARK}files\n{hashes}\n{MARK}units\n{units}\n"
+                f"{MARK}model\n{CONFIG}\nrc=0\n{MARK}vllm\n0.34.0\nrc=0\n{MARK}pending\n"
+                + "\n".join(sorted(self.pending)) + f"\n{MARK}end\n")
 
-    def apply(self, script: str, stdin: bytes) -> None:
-        with tarfile.open(fileobj=io.BytesIO(stdin)) as tar:
+    def unit_names(self) -> list[str]:
+        return sorted({p.rsplit("/", 1)[1] for p in self.files if p.endswith(".service")})
+
+    def show(self, u: str) -> str:
+        running = u in self.active
+        return (f"Id={u}\nLoadState=loaded\nActiveState={'active' if running else 'inactive'}\n"
+                f"SubState={'running' if running else 'dead'}\nResult=success\nMainPID={self.pid(u) if running else 0}"
+                f"\nInvocationID=x\nNRestarts=0\nExecMainStartTimestampMonotonic={self.active.get(u, 0)}\n"
+                f"UnitFileState=enabled")
+
+    def pid(self, u: str) -> int:
+        return 1000 + 100 * self.unit_names().index(u)
+
+    def unit(self, u: str) -> Unit:
+        return parse_unit(self.files[f"/etc/systemd/system/{u}"])
+
+    def stage(self, cmd: Command) -> None:
+        with tarfile.open(fileobj=io.BytesIO(cmd.stdin)) as tar:
             staged = {m.name: tar.extractfile(m).read().decode() for m in tar.getmembers()}  # type: ignore[union-attr]
-        tmp_to_src = dict(re.findall(r"install -m \d+ -o root -g root \S+/(f\d+) (\S+)", script))
-        tmp_to_src = {v.strip("'"): k for k, v in tmp_to_src.items()}
-        for tmp, dest in re.findall(r"mv -f (\S+) (\S+)", script):
+        tmp_to_src = {v.strip("'"): k for k, v in
+                      re.findall(r"install -m \d+ -o root -g root \S+/(f\d+) (\S+)", cmd.script)}
+        for tmp, dest in re.findall(r"mv -f (\S+) (\S+)", cmd.script):
             self.files[dest.strip("'")] = staged[tmp_to_src[tmp.strip("'")]]
-        for _verb, units in re.findall(r"systemctl (restart|start) (.+)", script):
-            for u in units.split():
-                self.active[u] = self.active.get(u, 0) + 1
-        self.applied.append(script)
+        self.releases.append(json.loads(staged["release.json"]))
+        self.pending |= set(re.findall(r"ernie-vllm-\d+\.service", cmd.script.split(">> ")[0]))
+        self.applied.append(cmd.script)
+
+    def activate(self, cmd: Command) -> str:
+        for u in cmd.units:
+            self.active[u] = self.active.get(u, 0) + 1
+            self.pending.discard(u)
+        return f"{MARK}restart-at 1700000000.0\n" if cmd.units and self.restart_marker else ""
+
+    def probe(self, cmd: Command) -> str:
+        requests = json.loads(cmd.stdin)["requests"] if cmd.stdin else []
+        out = [f"{MARK}http"] if requests else []
+        for r in requests:
+            out.append(http.MARK + json.dumps(self.answer(r)))
+        apps, used = [], {}
+        for u in cmd.units:
+            state = self.show(u) if u in self.unit_names() else f"Id={u}\nLoadState=not-found"
+            out += [f"{MARK}unit {u}", state, f"{MARK}journal {u}"]
+            if u in self.active:
+                unit = self.unit(u)
+                out += [*startup_journal(unit.tp, unit.max_len), "-- cursor: s=1"]
+        for u in self.active:
+            if u in self.unit_names():
+                for rank, g in enumerate(self.unit(u).gpus):
+                    apps.append(f"{self.pid(u) + 1 + rank}, 20000, GPU-{g:08d}-0000-0000-0000-000000000000")
+                    used[g] = 20500
+        if cmd.op is Op.PROBE:
+            out += [f"{MARK}gpus"] + [f"{i}, GPU-{i:08d}-0000-0000-0000-000000000000, {used.get(i, 0)}, 23028, "
+                                      f"{40 if i in used else 0}" for i in range(self.gpus)]
+            out += [f"{MARK}apps", *apps, f"{MARK}ps"]
+            out += [f"{self.pid(u) + k} {self.pid(u) if k else 1}" for u in self.active if u in self.unit_names()
+                    for k in range(0, 1 + len(self.unit(u).gpus))]
+        return "\n".join(out) + "\n"
+
+    def answer(self, r: dict[str, object]) -> dict[str, object]:
+        url = str(r["url"])
+        port = int(url.split(":")[2].split("/")[0])
+        running = [self.unit(u) for u in self.active if u in self.unit_names() and self.unit(u).port == port]
+        if not running:
+            return {"id": r["id"], "status": None, "error": "[Errno 111] Connection refused", "seconds": 0.0,
+                    "body": ""}
+        unit = running[0]
+        if url.endswith("/health"):
+            body = b""
+        elif url.endswith("/v1/models"):
+            body = json.dumps({"object": "list", "data": [{"id": unit.name, "object": "model",
+                                                           "max_model_len": self.serve_len or unit.max_len}]}).encode()
+        else:
+            body = json.dumps({"id": "cmpl-1", "object": "text_completion", "model": unit.name,
+                               "choices": [{"index": 0, "text": " Paris.", "finish_reason": "length"}],
+                               "usage": {"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13}}).encode()
+        return {"id": r["id"], "status": 200, "error": None, "seconds": 0.01, "first_byte": 0.005,
+                "body": base64.b64encode(body).decode()}
 
 
 @dataclass
@@ -62,26 +168,33 @@ class FakeSession:
     commands: int = 0
     history: list[str] = field(default_factory=list)
 
-    def run(self, script: str, *, stdin: bytes = b"", timeout: float = 120.0, check: bool = True,
-            label: str | None = None) -> RunResult:
+    def run(self, cmd: Command) -> RunResult:
         self.commands += 1
-        self.history.append(label or "?")
+        self.history.append(cmd.label)
         h = self.host
-        if label == "lock + gather facts":
-            token = re.search(r'"token": "([0-9a-f]+)"', script)
+        if h.fail_on is cmd.op:
+            raise ValueError(f"fake failure on {cmd.op.value}")
+        if cmd.op is Op.LOCK_FACTS:
+            token = re.search(r'"token": "([0-9a-f]+)"', cmd.script)
             if h.lock_info and (not token or token.group(1) not in h.lock_info):
-                return RunResult(label, lock.HELD_EXIT, f"@@ernie-deploy:lock-held\n{h.lock_info}\n".encode(), b"")
-            h.lock_info = h.lock_info or re.search(r"'(\{.*?\})'", script).group(1)  # type: ignore[union-attr]
-            return RunResult(label, 0, h.facts_text().encode(), b"")
-        if label == "gather facts":
-            return RunResult(label, 0, h.facts_text().encode(), b"")
-        if label == "apply changes":
-            h.apply(script, stdin)
-            return RunResult(label, 0, b"", b"")
-        if label == "release lock":
-            h.lock_info = None
-            return RunResult(label, 0, b"", b"")
-        return RunResult(label or "", 0, b"", b"")
+                return RunResult(cmd.label, 75, f"{MARK}lock-held\n{h.lock_info}\n".encode(), b"")
+            h.lock_info = h.lock_info or re.search(r"'(\{.*?\})'", cmd.script).group(1)  # type: ignore[union-attr]
+            return RunResult(cmd.label, 0, h.facts_text().encode(), b"")
+        answers = {
+            Op.FACTS: h.facts_text,
+            Op.STAGE: lambda: h.stage(cmd) or f"{MARK}release x\n",
+            Op.ACTIVATE: lambda: h.activate(cmd),
+            Op.RELEASE_LOCK: lambda: setattr(h, "lock_info", None) or "",
+            Op.PROBE: lambda: h.probe(cmd),
+            Op.WATCH: lambda: h.probe(cmd),
+            Op.READ_FILES: lambda: "".join(f"@@ernie-deploy:file {p}\n{c}" for p, c in h.files.items()),
+        }
+        if cmd.op not in answers:
+            result = RunResult(cmd.label, 127, b"", f"fake host: no answer for {cmd.op}".encode())
+            if cmd.check:
+                raise RemoteError(Failure.COMMAND, f"{cmd.label} exited 127", where=self.target.name)
+            return result
+        return RunResult(cmd.label, 0, str(answers[cmd.op]()).encode(), b"")
 
     def close(self) -> None:
         pass

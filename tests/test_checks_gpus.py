@@ -1,5 +1,6 @@
-"""nvidia-smi parsing and GPU balance/ownership checks. Rows use the reference's real A10 total (23028 MiB)
-and the simulator's output format (fields joined by ", ", no header, no units)."""
+"""nvidia-smi parsing and GPU balance/ownership checks. Rows use the real A10 total
+(23028 MiB, docs/nvidia-smi.md#gpu-names-and-memory) and the simulator's output format (fields joined by ", ",
+no header, no units)."""
 
 from __future__ import annotations
 

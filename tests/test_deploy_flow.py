@@ -1,28 +1,27 @@
 """Deploy orchestration against scripted hosts: results, recap, exit codes, locks, round trips.
 
-The scripted hosts apply changes but start no vLLM, so the readiness watch is exercised in the lab tests.
+The scripted hosts answer typed commands, including the readiness watch and the instance probes (real
+simulator start-up lines, HTTP answers made "on the host"), so these flows exercise verification too.
 """
 
 from __future__ import annotations
 
+import _thread
+import re
 import threading
+import time
 from pathlib import Path
 
+import pytest
 import yaml
 from fakehost import FakeHost, connector
 
+from ernie_deploy.errors import ExitCode
 from ernie_deploy.inventory.inventory import load_inventory
 from ernie_deploy.orchestration.deploy import Options, Runner
-from ernie_deploy.orchestration.results import (
-    EXIT_FAILED,
-    EXIT_LOCKED,
-    EXIT_OK,
-    EXIT_UNREACHABLE,
-    Status,
-    exit_code,
-    recap_counts,
-)
+from ernie_deploy.orchestration.results import Status, exit_code, recap_counts
 from ernie_deploy.planning.plan import PlanContext
+from ernie_deploy.remote.command import Command, Op
 
 
 def inventory(tmp_path: Path, hosts: dict[str, dict]) -> list:  # type: ignore[type-arg]
@@ -35,7 +34,8 @@ def inventory(tmp_path: Path, hosts: dict[str, dict]) -> list:  # type: ignore[t
 
 
 def runner(fakes: dict[str, FakeHost], **opts: object) -> Runner:
-    return Runner(PlanContext.load(), connector(fakes), Options(health_timeout=5, **opts))  # type: ignore[arg-type]
+    settings: dict[str, object] = {"health_timeout": 5, "stable": 0, "poll": 0.01, **opts}
+    return Runner(PlanContext.load(), connector(fakes), Options(**settings))  # type: ignore[arg-type]
 
 
 def test_first_deploy_changes_then_second_is_a_no_op(tmp_path: Path) -> None:
@@ -45,7 +45,7 @@ def test_first_deploy_changes_then_second_is_a_no_op(tmp_path: Path) -> None:
     assert [r.status for r in first] == [Status.CHANGED, Status.CHANGED]
     assert sorted(fakes["a"].files) == ["/etc/ernie-deploy/ernie-vllm-0.env",
                                         "/etc/systemd/system/ernie-vllm-0.service"]
-    assert first[0].started == ["ernie-vllm-0.service"] and exit_code(first) == EXIT_OK
+    assert first[0].started == ["ernie-vllm-0.service"] and exit_code(first) == ExitCode.OK
     assert fakes["a"].lock_info is None  # released
     second = runner(fakes).run(hosts)
     assert [r.status for r in second] == [Status.OK, Status.OK]
@@ -77,7 +77,7 @@ def test_unreachable_host_does_not_stop_the_others(tmp_path: Path) -> None:
     fakes = {"a": FakeHost(unreachable=True), "b": FakeHost()}
     results = runner(fakes).run(inventory(tmp_path, {"a": {}, "b": {}}))
     assert [r.status for r in results] == [Status.UNREACHABLE, Status.CHANGED]
-    assert exit_code(results) == EXIT_UNREACHABLE
+    assert exit_code(results) == ExitCode.UNREACHABLE
     assert recap_counts(results[0]) == {"ok": 0, "changed": 0, "unreachable": 1, "failed": 0, "skipped": 0}
 
 
@@ -95,7 +95,7 @@ def test_host_with_plan_errors_is_not_touched(tmp_path: Path) -> None:
         "a": {"gpu_count": 4, "vllm_tensor_parallel_size": 3}, "b": {}}))
     assert results[0].status is Status.FAILED and results[0].findings[0].code == "tp-heads"
     assert fakes["a"].files == {} and fakes["a"].applied == [] and fakes["a"].lock_info is None
-    assert results[1].status is Status.CHANGED and exit_code(results) == EXIT_FAILED
+    assert results[1].status is Status.CHANGED and exit_code(results) == ExitCode.FAILED
 
 
 def test_bad_jump_host_fails_only_that_host_before_connecting(tmp_path: Path) -> None:
@@ -105,7 +105,7 @@ def test_bad_jump_host_fails_only_that_host_before_connecting(tmp_path: Path) ->
     assert results[0].status is Status.FAILED and "ansible_ssh_common_args" in results[0].message
     assert "'bastion:99999' is not [user@]host[:port]" in results[0].message
     assert fakes["a"].files == {} and fakes["a"].lock_info is None and results[0].commands == 0
-    assert results[1].status is Status.CHANGED and exit_code(results) == EXIT_FAILED
+    assert results[1].status is Status.CHANGED and exit_code(results) == ExitCode.FAILED
 
 def test_inventory_gpu_count_disagreeing_with_nvidia_smi(tmp_path: Path) -> None:
     fakes = {"a": FakeHost(gpus=2)}
@@ -119,7 +119,7 @@ def test_held_lock_fails_cleanly_with_holder(tmp_path: Path) -> None:
             '"user": "alice"}'
     fakes = {"a": FakeHost(lock_info=other)}
     (r,) = runner(fakes).run(inventory(tmp_path, {"a": {}}))
-    assert r.status is Status.LOCKED and exit_code([r]) == EXIT_LOCKED
+    assert r.status is Status.LOCKED and exit_code([r]) == ExitCode.LOCKED
     assert "alice@ops1 (pid 7)" in r.message and "--lock-wait" in (r.hint or "")
     assert fakes["a"].lock_info == other and fakes["a"].files == {}
 
@@ -130,3 +130,96 @@ def test_lock_wait_retries_until_released(tmp_path: Path) -> None:
     threading.Timer(0.5, lambda: setattr(fakes["a"], "lock_info", None)).start()
     (r,) = runner(fakes, lock_wait=10).run(inventory(tmp_path, {"a": {}}))
     assert r.status is Status.CHANGED
+
+
+def test_deploy_watches_and_checks_every_started_instance(tmp_path: Path) -> None:
+    fakes = {"a": FakeHost()}
+    (r,) = runner(fakes).run(inventory(tmp_path, {"a": {}}))
+    assert r.status is Status.CHANGED and r.message == "changed; every (re)started instance verified"
+    names = [s.name for s in r.steps]
+    assert names == ["connect", "lock + facts", "plan", "stage", "activate", "ready ernie-vllm-0", "checks"]
+    by_name = {c.name: c for c in r.checks}
+    assert by_name["http_models"].status == "pass" and by_name["tensor_parallel"].status == "pass"
+    assert r.release and r.release == fakes["a"].releases[0]["id"]
+
+
+def test_an_instance_that_serves_the_wrong_length_fails_the_host(tmp_path: Path) -> None:
+    fakes = {"a": FakeHost(serve_len=1024)}  # /v1/models disagrees with the plan's max_model_len
+    (r,) = runner(fakes, health_timeout=0.3).run(inventory(tmp_path, {"a": {}}))
+    assert r.status is Status.FAILED and "ernie-vllm-0 not ready within the start-up budget" in r.message
+    assert [s.status for s in r.steps if s.name == "ready ernie-vllm-0"] == ["failed"]
+
+
+def test_missing_restart_marker_is_a_failure_not_verified(tmp_path: Path) -> None:
+    fakes = {"a": FakeHost(restart_marker=False)}
+    (r,) = runner(fakes).run(inventory(tmp_path, {"a": {}}))
+    assert r.status is Status.FAILED and "no restart marker" in r.message
+    assert "instance verified" not in r.message and fakes["a"].lock_info is None
+
+
+def test_unexpected_exception_is_one_failed_host_and_the_others_finish(tmp_path: Path) -> None:
+    fakes = {"a": FakeHost(fail_on=Op.STAGE), "b": FakeHost()}
+    results = runner(fakes).run(inventory(tmp_path, {"a": {}, "b": {}}))
+    assert results[0].status is Status.FAILED and "unexpected error: ValueError" in results[0].message
+    assert "-vvv" in (results[0].hint or "") and fakes["a"].lock_info is None
+    assert results[1].status is Status.CHANGED
+
+
+def test_ctrl_c_prints_every_host_and_releases_every_lock(tmp_path: Path) -> None:
+    class Interrupting(FakeHost):
+        def probe(self, cmd: Command) -> str:
+            if cmd.op is Op.WATCH and not getattr(self, "sent", False):
+                self.sent = True
+                _thread.interrupt_main()  # exactly what Ctrl-C does: KeyboardInterrupt in the main thread
+                time.sleep(0.3)
+            return super().probe(cmd)
+
+    fakes = {"a": Interrupting(), "b": FakeHost(), "c": FakeHost()}
+    run = runner(fakes, forks=1, stable=10)  # still watching a when Ctrl-C comes
+    results = run.run(inventory(tmp_path, {"a": {}, "b": {}, "c": {}}))
+    assert run.interrupted and exit_code(results, run.interrupted) == ExitCode.INTERRUPTED
+    assert [r.host for r in results] == ["a", "b", "c"]
+    assert results[0].status is Status.FAILED and "aborted" in results[0].message
+    assert {r.status for r in results[1:]} <= {Status.SKIPPED, Status.CHANGED}
+    assert all(f.lock_info is None for f in fakes.values())
+
+
+def test_unknown_command_is_answered_with_a_failure() -> None:
+    from ernie_deploy.remote.command import script
+    from ernie_deploy.remote.ssh import RemoteError, Target
+
+    session = connector({"a": FakeHost()})(Target("a", "127.0.0.1"))
+    with pytest.raises(RemoteError):
+        session.run(script("systemctl restart everything"))
+
+
+def test_facts_are_rechecked_before_changing_an_old_snapshot(tmp_path: Path) -> None:
+    fakes = {"a": FakeHost()}
+    (r,) = runner(fakes, recheck_after=0).run(inventory(tmp_path, {"a": {}}))
+    assert r.command_log[:3] == ["lock + gather facts", "gather facts", "stage files"]
+    assert "facts (re-checked)" in [s.name for s in r.steps]
+
+
+def test_stage_records_a_release_of_every_managed_file(tmp_path: Path) -> None:
+    fakes = {"a": FakeHost()}
+    two = {"vllm_instances": 2, "vllm_tensor_parallel_size": 1}
+    runner(fakes).run(inventory(tmp_path, {"a": two}))
+    runner(fakes).run(inventory(tmp_path, {"a": {**two, "vllm_max_model_len": 2048}}))
+    first, second = fakes["a"].releases
+    assert sorted(first["files"]) == sorted(fakes["a"].files) and len(first["files"]) == 4
+    assert re.fullmatch(r"\d{8}T\d{6}Z-[0-9a-f]{8}", second["id"]) and second["id"] != first["id"]
+    assert second["changed"] == ["/etc/systemd/system/ernie-vllm-0.service",
+                                 "/etc/systemd/system/ernie-vllm-1.service"]
+
+
+def test_deploy_uses_custom_templates(tmp_path: Path) -> None:
+    from ernie_deploy.planning.render import templates_dir
+
+    mine = tmp_path / "tpl"
+    mine.mkdir()
+    for f in templates_dir().iterdir():
+        (mine / f.name).write_text(f.read_text())
+    (mine / "vllm.service.j2").write_text("# site template\n" + (mine / "vllm.service.j2").read_text())
+    fakes = {"a": FakeHost()}
+    runner(fakes, templates=mine).run(inventory(tmp_path, {"a": {}}))
+    assert fakes["a"].files["/etc/systemd/system/ernie-vllm-0.service"].startswith("# site template\n")

@@ -2,11 +2,12 @@
 
 from pathlib import Path
 
-from ernie_deploy.remote.facts import gather_script, parse_facts, parse_gpus, parse_topology, parse_units
+from ernie_deploy.remote.facts import gather_script, parse_facts, parse_gpus, parse_topology
+from ernie_deploy.remote.systemd import parse_units
 
 FIXTURES = Path(__file__).parent / "fixtures/facts"
 
-# DGX A100 topology as in NVIDIA/nccl#1505 (shared/reference/vllm.md §4), cut to 2 GPUs.
+# DGX A100 topology as in NVIDIA/nccl#1505 (docs/nvidia-smi.md#topology), cut to 2 GPUs.
 NVLINK_TOPO = """        GPU0    GPU1    CPU Affinity    NUMA Affinity   GPU NUMA ID
 GPU0     X      NV12    48-63,176-191   3               N/A
 GPU1    NV12     X      48-63,176-191   3               N/A

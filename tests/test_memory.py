@@ -16,7 +16,8 @@ def est(tp: int, mml: int, total: int = A10, util: float = 0.9):  # type: ignore
 @pytest.mark.parametrize(("tp", "per_token", "heads", "replicas"),
                          [(1, 18432, 2, 1), (2, 9216, 1, 1), (4, 9216, 1, 2), (8, 9216, 1, 4)])
 def test_kv_bytes_per_token_and_head_replication(tp: int, per_token: int, heads: int, replicas: int) -> None:
-    # reference §3: 2·18·2·128·2 = 18,432 B at TP 1; KV heads replicate beyond TP 2, so no further savings
+    # docs/vllm-facts.md#memory-model: 2·18·2·128·2 = 18,432 B at TP 1; KV heads replicate beyond TP 2,
+    # so no further savings
     e = est(tp, 4096)
     assert e.kv_bytes_per_token == per_token
     assert ERNIE is not None and kv_layout(ERNIE, tp) == (heads, replicas)
@@ -25,7 +26,7 @@ def test_kv_bytes_per_token_and_head_replication(tp: int, per_token: int, heads:
 def test_full_context_needs_2_25_gib_and_about_8x_on_one_a10() -> None:
     e = est(1, 131072)
     assert e.one_sequence_bytes == int(2.25 * GIB)
-    assert 7.5 < e.max_concurrency < 9  # reference §3 expects ≈ 8x
+    assert 7.5 < e.max_concurrency < 9  # docs/vllm-facts.md#memory-model expects ≈ 8x
     assert e.fits
 
 

@@ -16,7 +16,7 @@ def test_ernie_03b_facts_match_the_reference() -> None:
     assert (m.architecture, m.num_attention_heads, m.num_kv_heads, m.head_dim) == ("Ernie4_5ForCausalLM", 16, 2, 128)
     assert (m.num_layers, m.hidden_size, m.vocab_size, m.num_experts) == (18, 1024, 103424, 0)
     assert not m.is_moe
-    assert m.param_count == 360_748_032  # reference §1.1
+    assert m.param_count == 360_748_032  # docs/vllm-facts.md#dense-model
     assert m.weight_bytes == 2 * 360_748_032
     assert (m.derived_max_len, m.max_len_key, m.dtype) == (131072, "max_position_embeddings", "bfloat16")
     assert m.valid_tp_sizes() == [1, 2, 4, 8, 16]
@@ -27,7 +27,7 @@ def test_ernie_21b_is_moe_with_64_experts() -> None:
     m = bundled_model("baidu/ERNIE-4.5-21B-A3B-PT")
     assert m is not None and m.is_moe and m.num_experts == 64
     assert m.architecture == "Ernie4_5_MoeForCausalLM"
-    assert 21.7e9 < m.param_count < 21.9e9  # reference §1.2: ~21.8 B
+    assert 21.7e9 < m.param_count < 21.9e9  # docs/vllm-facts.md#moe-model: ~21.8 B
     assert m.valid_tp_sizes() == [1, 2, 4, 5, 10, 20]
 
 

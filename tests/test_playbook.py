@@ -48,8 +48,8 @@ def test_deploy_with_a_bad_playbook_touches_no_host(tmp_path: Path) -> None:
     from ernie_deploy.cli.main import main
 
     inv = tmp_path / "inv.yml"
-    inv.write_text("all:\n  hosts:\n    h:\n      ansible_host: 127.0.0.1\n      ansible_port: 1\n      gpu_model: NVIDIA A10\n"
-                   "      gpu_count: 1\n")
+    inv.write_text("all:\n  hosts:\n    h:\n      ansible_host: 127.0.0.1\n      ansible_port: 1\n"
+                   "      gpu_model: NVIDIA A10\n      gpu_count: 1\n")
     book = tmp_path / "p.yml"
     book.write_text("verify: {expect: ['{nope}']}\n")
     # The playbook error comes first, with the input exit code; the host (a closed port) is never tried.

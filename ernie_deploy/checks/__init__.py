@@ -1,6 +1,7 @@
 """Post-deploy checks: pure judges of what a host said (journal lines, nvidia-smi CSV, HTTP answers).
 
-Nothing here runs a command or opens a socket; the rollout layer gathers the output and passes it in.
+Nothing here runs a command or opens a socket; orchestration/ gathers the output over
+SSH (remote/) and passes it in.
 """
 
 from ernie_deploy.checks.result import CheckInputError, CheckResult, Status, worst

@@ -1,4 +1,4 @@
-"""GPU balance and ownership for one instance, from two nvidia-smi queries (reference section 4).
+"""GPU balance and ownership for one instance, from two nvidia-smi queries (docs/nvidia-smi.md#csv-queries).
 
 Commands the caller runs (CSV, no header, no units; fields separated by ", "):
   nvidia-smi --query-gpu=index,uuid,memory.used,memory.total,utilization.gpu --format=csv,noheader,nounits
@@ -34,7 +34,9 @@ class ComputeApp:
     gpu_uuid: str
 
 
-def _fields(text: str, n: int, what: str) -> list[tuple[int, list[str]]]:
+def csv_rows(text: str, n: int, what: str) -> list[tuple[int, list[str]]]:
+    """(line number, fields) of `nvidia-smi --query-*=... --format=csv,noheader,nounits` output: the one reader
+    of nvidia-smi's CSV (facts, verify and the GPU checks all use it)."""
     rows: list[tuple[int, list[str]]] = []
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.startswith("No running"):
@@ -49,7 +51,7 @@ def _fields(text: str, n: int, what: str) -> list[tuple[int, list[str]]]:
     return rows
 
 
-def _number(value: str, what: str, lineno: int, field: str) -> float | None:
+def csv_number(value: str, what: str, lineno: int, field: str) -> float | None:
     text = value.removesuffix("MiB").removesuffix("%").strip()  # tolerate output without nounits
     if text in ("[N/A]", "N/A", "[Not Supported]"):
         return None
@@ -63,14 +65,14 @@ def parse_gpu_rows(text: str) -> list[GpuRow]:
     """Rows of `nvidia-smi --query-gpu=index,uuid,memory.used,memory.total,utilization.gpu`."""
     what = "nvidia-smi --query-gpu"
     rows = []
-    for lineno, (index, uuid, used, total, util) in _fields(text, 5, what):
+    for lineno, (index, uuid, used, total, util) in csv_rows(text, 5, what):
         if not index.isdigit():
             raise CheckInputError(f"{what} line {lineno}: index is not a number: {index!r}")
-        mem_used = _number(used, what, lineno, "memory.used")
-        mem_total = _number(total, what, lineno, "memory.total")
+        mem_used = csv_number(used, what, lineno, "memory.used")
+        mem_total = csv_number(total, what, lineno, "memory.total")
         if mem_used is None or mem_total is None:
             raise CheckInputError(f"{what} line {lineno}: memory is [N/A]; cannot judge balance")
-        rows.append(GpuRow(int(index), uuid, mem_used, mem_total, _number(util, what, lineno, "utilization.gpu")))
+        rows.append(GpuRow(int(index), uuid, mem_used, mem_total, csv_number(util, what, lineno, "utilization.gpu")))
     return rows
 
 
@@ -78,10 +80,10 @@ def parse_compute_apps(text: str) -> list[ComputeApp]:
     """Rows of `nvidia-smi --query-compute-apps=pid,used_memory,gpu_uuid` (empty output: no processes)."""
     what = "nvidia-smi --query-compute-apps"
     apps = []
-    for lineno, (pid, used, uuid) in _fields(text, 3, what):
+    for lineno, (pid, used, uuid) in csv_rows(text, 3, what):
         if not pid.isdigit():
             raise CheckInputError(f"{what} line {lineno}: pid is not a number: {pid!r}")
-        apps.append(ComputeApp(int(pid), _number(used, what, lineno, "used_memory"), uuid))
+        apps.append(ComputeApp(int(pid), csv_number(used, what, lineno, "used_memory"), uuid))
     return apps
 
 

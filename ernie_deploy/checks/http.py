@@ -1,4 +1,4 @@
-"""Judges of vLLM's HTTP answers (reference section 2e). The caller makes the requests; nothing here does.
+"""Judges of vLLM's HTTP answers (docs/vllm-facts.md#http-endpoints). The caller makes the requests; nothing here does.
 
 `/health` answers 200 with an empty body when ready and 503 once the engine died; while the model loads
 nothing listens on the port, so a connection is refused rather than answered.

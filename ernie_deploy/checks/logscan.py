@@ -1,7 +1,7 @@
 """Keyword checks on a vLLM unit's start-up log: the TP and context length it really uses, the KV capacity
 it reports, playbook expect/forbid patterns, and no fatal signatures (see signatures.py).
 
-Pure: takes lines, returns values. Formats follow /work/shared/reference/vllm.md section 2d; the guide's
+Pure: takes lines, returns values. Formats follow docs/vllm-facts.md#log-formats; the guide's
 `Using tensor parallel size N` line does not exist in real vLLM, so the engine-config line is the primary
 evidence and the guide's form is only accepted if present.
 """

@@ -1,7 +1,7 @@
 """Fatal start-up signatures in a vLLM unit's journal (the data is signatures.yml), with cause and fix.
 
 Pure: takes lines, returns matches. Each signature is proven on a real log excerpt in
-tests/fixtures/logs/real; formats follow /work/shared/reference/vllm.md section 2d.
+tests/fixtures/logs/real; formats follow docs/vllm-facts.md#log-formats.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from ernie_deploy.lab.lab import Lab
 from ernie_deploy.lab.spec import load_spec
@@ -18,7 +19,7 @@ _DESCRIPTION = (
 )
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     """Add `lab` and its subcommands to the top-level CLI."""
     lab = subparsers.add_parser("lab", help="boot, inspect or stop the local rehearsal lab (needs root)",
                                 description=_DESCRIPTION)

@@ -23,7 +23,7 @@ from ernie_deploy.output import console
 from ernie_deploy.output.report import show_explain, show_plans
 from ernie_deploy.planning.plan import PlanContext, plan_hosts
 from ernie_deploy.planning.plantypes import HostPlan
-from ernie_deploy.planning.render import environment_for_templates, render_hosts, templates_dir
+from ernie_deploy.planning.render import RenderedFile, environment_for_templates, render_hosts, templates_dir
 
 JSON_SCHEMA = "ernie-deploy/plan/v1"
 
@@ -147,7 +147,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     return ExitCode.PLAN_ERRORS if failed else ExitCode.OK
 
 
-def _write_host(out: Path, host: str, files: list) -> list[str]:
+def _write_host(out: Path, host: str, files: list[RenderedFile]) -> list[str]:
     """Write one host's files into a fresh directory, then swap it in: never a half-written host."""
     target = out / host
     staging = Path(tempfile.mkdtemp(prefix=f".{host}.", dir=out))

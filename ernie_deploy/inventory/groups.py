@@ -6,6 +6,7 @@ we raise InventoryError instead: a deploy tool must not silently skip hosts.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,7 +41,9 @@ class GroupBuilder:
 
     @staticmethod
     def line(mapping: Any, key: Any) -> int:
-        return getattr(mapping, "key_lines", {}).get(key, getattr(mapping, "line", 1))
+        key_lines: Mapping[Any, int] = getattr(mapping, "key_lines", {})
+        own_line: int = getattr(mapping, "line", 1)
+        return key_lines.get(key, own_line)
 
     def where(self, mapping: Any, key: Any, path: str) -> str:
         return f"{self.shown}:{self.line(mapping, key)}: {path}"

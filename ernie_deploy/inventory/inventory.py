@@ -163,7 +163,7 @@ class Inventory:
             if not isinstance(var, str) or not var:
                 raise InventoryError(f"variable name must be a string, got {var!r}",
                                      where=f"{shown}:{GroupBuilder.line(data, var)}", hint="quote the name")
-        return plain(data)
+        return {var: plain(value) for var, value in data.items()}
 
     # -- queries ---------------------------------------------------------------------------
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -14,7 +15,7 @@ class Unsafe(str):
     """A `!unsafe` string. ansible-inventory prints it as {"__ansible_unsafe": text}."""
 
 
-class Marked(dict):  # type: ignore[type-arg]
+class Marked(dict[Any, Any]):
     """A YAML mapping that remembers its own line and the line of each key, for error messages."""
 
     line: int = 0
@@ -22,11 +23,15 @@ class Marked(dict):  # type: ignore[type-arg]
 
 
 # libyaml's parser is several times faster on fleet-sized inventories and reports the same marks.
-_SafeBase: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# Both loaders share SafeConstructor's API, which is all Loader uses; mypy is shown the pure-Python one.
+if TYPE_CHECKING:
+    _SafeBase = yaml.SafeLoader
+else:
+    _SafeBase = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-class Loader(_SafeBase):  # type: ignore[misc,valid-type]
-    def _construct_marked_map(self, node: yaml.MappingNode) -> Any:
+class Loader(_SafeBase):
+    def _construct_marked_map(self, node: yaml.MappingNode) -> Iterator[Marked]:
         data = Marked()
         data.line = node.start_mark.line + 1
         data.key_lines = {}
@@ -85,5 +90,8 @@ def to_json(value: Any) -> Any:
     return value
 
 
+_TYPE_NAMES: dict[type, str] = {dict: "a mapping", list: "a list", str: "a string"}
+
+
 def type_name(value: Any) -> str:
-    return {dict: "a mapping", list: "a list", str: "a string"}.get(type(value), type(value).__name__)
+    return _TYPE_NAMES.get(type(value), type(value).__name__)

@@ -230,8 +230,12 @@ class Lab:
 
     def _teardown(self, state: LabState, keep_logs: bool = False) -> None:
         """Stop recorded PIDs (only those, and only while they are still our nspawn), unmount, delete."""
+        def stop(h: HostState) -> None:
+            if h.pid:
+                containers.stop(h.pid, h.root)
+
         with ThreadPoolExecutor(max_workers=max(1, min(16, len(state.hosts)))) as pool:
-            list(pool.map(lambda h: h.pid and containers.stop(h.pid, h.root), state.hosts))
+            list(pool.map(stop, state.hosts))
         for h in state.hosts:
             containers.kill_cgroups(h.cgroups)  # only does something if nspawn died without a poweroff
             containers.remove_cgroups(h.cgroups)

@@ -18,7 +18,8 @@ from ernie_deploy.errors import DeployError
 
 DEFAULT_SPEC = Path(__file__).resolve().parent.parent / "data" / "lab-default.yml"
 
-# Totals exactly as nvidia-smi reports them (reference §4); a spec may name another model with its own memory.
+# Totals exactly as nvidia-smi reports them (docs/nvidia-smi.md#gpu-names-and-memory); a spec may name another
+# model with its own memory.
 GPU_MEMORY_MIB: dict[str, int] = {
     "NVIDIA A10": 23028,
     "NVIDIA A10G": 23028,

@@ -1,4 +1,5 @@
-"""Every check of one running instance, from what one probe command and the HTTP answers returned."""
+"""Every check of one running instance, from what one probe command returned (systemd, this invocation's
+journal, nvidia-smi, the process tree, and the HTTP answers the host itself got)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,10 @@ from ernie_deploy.checks.logscan import check_startup_log
 from ernie_deploy.checks.playbook import Expectations
 from ernie_deploy.checks.result import CheckInputError, CheckResult
 from ernie_deploy.checks.signatures import instance_context
-from ernie_deploy.orchestration import httpprobe
 from ernie_deploy.planning.plantypes import HostPlan, InstancePlan
-from ernie_deploy.remote.probe import UnitState, descendants
-
-
-def address_of(plan: HostPlan, inst: InstancePlan) -> str:
-    return plan.address if inst.host in ("0.0.0.0", "::") else inst.host
+from ernie_deploy.remote import http
+from ernie_deploy.remote.probe import HostProbe, UnitProbe, descendants
+from ernie_deploy.remote.systemd import UnitState
 
 
 def api_key(plan: HostPlan) -> str | None:
@@ -22,42 +20,65 @@ def api_key(plan: HostPlan) -> str | None:
     return secret.reveal() if secret is not None else None
 
 
-def systemd_check(inst: InstancePlan, state: UnitState) -> CheckResult:
+def address_of(plan: HostPlan, inst: InstancePlan) -> str:
+    """Where the instance listens, as seen from its own host (a wildcard bind is reached on loopback)."""
+    return inst.host
+
+
+def request_id(inst: InstancePlan, what: str) -> str:
+    return f"{inst.unit} {what}"
+
+
+def requests_for(plan: HostPlan, inst: InstancePlan, exp: Expectations, *, serving: bool = True) -> list[http.Request]:
+    """/health, then (only when it answered 200) /v1/models and one small deterministic completion."""
+    base = http.base_url(address_of(plan, inst), inst.port)
+    health = http.Request(request_id(inst, "health"), f"{base}/health", timeout=5)
+    if not serving:
+        return [health]
+    return [health,
+            http.Request(request_id(inst, "models"), f"{base}/v1/models", auth=True, after=health.id),
+            http.Request(request_id(inst, "completion"), f"{base}/v1/completions", auth=True, after=health.id,
+                         timeout=60, data=judge.completion_request(inst.served_model_name, stream=exp.stream))]
+
+
+def systemd_check(inst: InstancePlan, state: UnitState, journal: list[str]) -> CheckResult:
     name = "systemd"
-    if state.restarts >= 2:
+    if state.n_restarts >= 2:
         return CheckResult(name, "fail", f"{inst.unit}.service is in a crash loop: systemd restarted it "
-                           f"{state.restarts} times (now {state.active}/{state.sub})", tuple(state.journal[-15:]),
+                           f"{state.n_restarts} times (now {state.active_state}/{state.sub_state})",
+                           tuple(journal[-15:]),
                            cause="the service keeps dying after it starts; Restart=on-failure keeps reviving it",
                            fix=f"journalctl -u {inst.unit} shows each attempt; fix the cause, then deploy",
                            instance=inst.unit)
-    if state.active == "active" and state.sub == "running":
+    if state.active_state == "active" and state.sub_state == "running":
         summary = f"{inst.unit}.service active (running), pid {state.main_pid}"
-        if state.restarts:
-            return CheckResult(name, "warn", summary + f", but restarted {state.restarts} time(s) by systemd",
+        if state.n_restarts:
+            return CheckResult(name, "warn", summary + f", but restarted {state.n_restarts} time(s) by systemd",
                                cause="the service crashed and Restart=on-failure brought it back",
                                fix=f"journalctl -u {inst.unit} to see why it died", instance=inst.unit)
         return CheckResult(name, "pass", summary, instance=inst.unit)
-    return CheckResult(name, "fail", f"{inst.unit}.service is {state.active or 'unknown'} ({state.sub}, "
-                       f"result {state.result or '-'}, {state.restarts} restart(s))",
-                       tuple(state.journal[-15:]), cause="the service is not running",
+    return CheckResult(name, "fail", f"{inst.unit}.service is {state.active_state or 'unknown'} ({state.sub_state}, "
+                       f"result {state.result or '-'}, {state.n_restarts} restart(s))",
+                       tuple(journal[-15:]), cause="the service is not running",
                        fix=f"journalctl -u {inst.unit}; then `ernie-deploy deploy` to start it", instance=inst.unit)
 
 
-def http_checks(plan: HostPlan, inst: InstancePlan, exp: Expectations) -> list[CheckResult]:
-    address, key = address_of(plan, inst), api_key(plan)
-    state, answer = httpprobe.health(address, inst.port)
+def http_checks(plan: HostPlan, inst: InstancePlan, answers: dict[str, http.Answer]) -> list[CheckResult]:
+    where = f"{address_of(plan, inst)}:{inst.port}"
+    health = http.missing(answers, request_id(inst, "health"))
+    state = judge.classify_health(health.status, health.error)
     if state != "ready":
-        return [CheckResult("http_health", "fail", f"/health on {address}:{inst.port}: {state} "
-                            f"({answer.status or answer.error})", instance=inst.unit,
+        return [CheckResult("http_health", "fail", f"/health on {where} (asked on the host): {state} "
+                            f"({health.status or health.error})", instance=inst.unit,
                             fix="wait for loading to finish, or read the journal for why the engine died")]
-    out = [CheckResult("http_health", "pass", f"/health 200 on {address}:{inst.port}", instance=inst.unit)]
-    models = httpprobe.models(address, inst.port, key)
+    out = [CheckResult("http_health", "pass", f"/health 200 on {where}", instance=inst.unit)]
+    models = http.missing(answers, request_id(inst, "models"))
     out.append(judge.judge_models(models.body, inst.served_model_name, inst.max_model_len, instance=inst.unit)
                if models.status == 200 else
                CheckResult("http_models", "fail", f"/v1/models answered {models.status or models.error}",
                            fix="set vllm_api_key if the server requires one" if models.status == 401 else None,
                            instance=inst.unit))
-    done = httpprobe.completion(address, inst.port, inst.served_model_name, key, exp.stream)
+    done = http.missing(answers, request_id(inst, "completion"))
     result = judge.judge_completion(done.status or 0, done.body, inst.served_model_name, instance=inst.unit)
     timing = f" (first byte {done.first_byte_seconds * 1000:.0f} ms, total {done.seconds * 1000:.0f} ms)" \
         if done.first_byte_seconds is not None else ""
@@ -66,19 +87,28 @@ def http_checks(plan: HostPlan, inst: InstancePlan, exp: Expectations) -> list[C
     return out
 
 
-def instance_checks(plan: HostPlan, inst: InstancePlan, state: UnitState, gpus_text: str, apps_text: str,
-                    ps_text: str, exp: Expectations) -> list[CheckResult]:
-    results = [systemd_check(inst, state)]
+def serves(plan: HostPlan, inst: InstancePlan, answers: dict[str, http.Answer]) -> bool:
+    """/v1/models lists the served name with the planned length, and the completion works."""
+    models = http.missing(answers, request_id(inst, "models"))
+    if models.status != 200 or not judge.judge_models(models.body, inst.served_model_name, inst.max_model_len).ok:
+        return False
+    done = http.missing(answers, request_id(inst, "completion"))
+    return judge.judge_completion(done.status or 0, done.body, inst.served_model_name).ok
+
+
+def instance_checks(plan: HostPlan, inst: InstancePlan, probe: HostProbe, exp: Expectations) -> list[CheckResult]:
+    unit: UnitProbe = probe.unit(f"{inst.unit}.service")
+    results = [systemd_check(inst, unit.state, unit.journal)]
     values = instance_context(inst, plan.model.num_attention_heads if plan.model else None)
     results += check_startup_log(
-        state.journal, tp=inst.tensor_parallel_size, max_model_len=inst.max_model_len,
+        unit.journal, tp=inst.tensor_parallel_size, max_model_len=inst.max_model_len,
         kv_tokens_estimate=inst.memory.kv_tokens if inst.memory else None, expect=exp.expect, forbid=exp.forbid,
         values=values, context=values, instance=inst.unit)
-    if state.active == "active":
-        results += http_checks(plan, inst, exp)
+    if unit.state.active_state == "active":
+        results += http_checks(plan, inst, probe.http)
     try:
-        results += check_gpus(gpus_text, apps_text, instance_gpus=inst.gpus,
-                              instance_pids=descendants(ps_text, state.main_pid), instance=inst.unit)
+        results += check_gpus(probe.gpus, probe.apps, instance_gpus=inst.gpus,
+                              instance_pids=descendants(probe.ps, unit.state.main_pid), instance=inst.unit)
     except CheckInputError as exc:
         results.append(CheckResult("gpus", "fail", f"nvidia-smi output unusable: {exc.message}", instance=inst.unit))
     return results

@@ -1,8 +1,10 @@
-"""Readiness watch after a (re)start: systemd state, this start's journal and HTTP, interleaved.
+"""Readiness after a (re)start: a pure state machine, and the few lines of I/O around it.
 
-Ready means all three agree: the unit runs, no fatal line appeared, /health is 200, /v1/models lists
-the served name with the planned max_model_len, and a small completion works — and all that still
-holds after a short stability window. A known fatal signature ends the wait at once, not at the budget.
+`step(state, observation)` takes what one poll saw (systemd state, new journal lines, the HTTP answers the
+host got) and returns a verdict or "wait, and ask this next". Ready means all three agree: the unit runs,
+no fatal line appeared, /health is 200, /v1/models lists the served name with the planned max_model_len,
+and a small completion works; and all that still holds after a stability window. A known fatal signature
+ends the wait at once, not at the budget. `watch` is the loop: build the poll command, run it, step.
 """
 
 from __future__ import annotations
@@ -11,21 +13,16 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any
 
 from ernie_deploy.checks import http as judge
 from ernie_deploy.checks.playbook import Expectations
 from ernie_deploy.checks.signatures import instance_context, scan
-from ernie_deploy.orchestration import httpprobe
-from ernie_deploy.orchestration.instancecheck import address_of, api_key
+from ernie_deploy.orchestration.instancecheck import api_key, request_id, requests_for, serves
+from ernie_deploy.orchestration.transport import Transport
 from ernie_deploy.planning.plantypes import HostPlan, InstancePlan
-from ernie_deploy.remote.probe import parse, unit_script
-from ernie_deploy.remote.ssh import RunResult
-
-
-class Runs(Protocol):
-    def run(self, script: str, *, stdin: bytes = b"", timeout: float = 120.0, check: bool = True,
-            label: str | None = None) -> RunResult: ...
+from ernie_deploy.remote import http
+from ernie_deploy.remote.probe import UnitProbe, parse, watch_command
 
 
 @dataclass
@@ -39,66 +36,102 @@ class Readiness:
     seconds: float = 0.0
 
 
-def watch(session: Runs, plan: HostPlan, inst: InstancePlan, *, since: str, budget: float, stable: float = 3.0,
-          poll: float = 0.5, exp: Expectations | None = None, abort: threading.Event | None = None,
-          clock: Callable[[], float] = time.monotonic) -> Readiness:
-    unit = f"{inst.unit}.service"
-    context = instance_context(inst, plan.model.num_attention_heads if plan.model else None)
-    started = clock()
-    journal: list[str] = []
+@dataclass(frozen=True)
+class Spec:
+    unit: str  # the unit's short name (ernie-vllm-0)
+    context: dict[str, Any]  # plan values signature fixes may name
+    budget: float
+    stable: float
+
+
+@dataclass(frozen=True)
+class Observation:
+    at: float  # clock reading when the poll returned
+    unit: UnitProbe
+    health: http.Answer | None  # None: not asked (or the unit is not active)
+    serving: bool | None  # None: not asked this poll
+    aborted: bool = False
+
+
+@dataclass
+class State:
+    started: float
+    journal: list[str] = field(default_factory=list)
     cursor: str | None = None
     first_restarts: int | None = None
     ready_since: float | None = None
-    address, key = address_of(plan, inst), api_key(plan)
+
+
+@dataclass(frozen=True)
+class Wait:
+    ask_serving: bool  # include /v1/models and the smoke completion in the next poll
+
+
+def step(state: State, obs: Observation, spec: Spec) -> Readiness | Wait:
+    """Fold one observation into the state; a verdict, or what to ask on the next poll."""
+
+    def done(status: str, summary: str, **kw: Any) -> Readiness:
+        return Readiness(status, summary, journal=state.journal, seconds=obs.at - state.started, **kw)
+
+    unit = spec.unit
+    u = obs.unit
+    state.journal += u.journal
+    state.cursor = u.cursor or state.cursor
+    tail = state.journal[-15:]
+    fatal = [m for m in scan(state.journal, spec.context) if m.severity == "fail"]
+    if fatal:
+        m = fatal[0]
+        return done("failed", f"{unit}: {m.headline}", cause=m.cause, fix=m.fix, evidence=list(m.lines))
+    restarts = u.state.n_restarts
+    state.first_restarts = restarts if state.first_restarts is None else state.first_restarts
+    if restarts - state.first_restarts >= 2:
+        return done("failed", f"{unit} is in a crash loop: systemd restarted it "
+                    f"{restarts - state.first_restarts} times since the deploy",
+                    cause="the service dies shortly after starting", evidence=tail,
+                    fix=f"journalctl -u {unit} shows each attempt; fix the cause and deploy again")
+    if u.state.active_state == "failed":
+        return done("failed", f"{unit} failed ({u.state.result})", evidence=tail,
+                    cause="the service exited with an error", fix=f"journalctl -u {unit}")
+    if u.state.active_state == "active" and obs.health is not None:
+        health = judge.classify_health(obs.health.status, obs.health.error)
+        if health == "dead":
+            return done("failed", f"{unit}: /health answers 503 (engine dead)", evidence=tail,
+                        cause="vLLM's engine died after start-up", fix=f"journalctl -u {unit}")
+        if health == "ready" and state.ready_since is None and obs.serving:
+            state.ready_since = obs.at
+        elif health != "ready":
+            state.ready_since = None
+        if state.ready_since is not None and obs.at - state.ready_since >= spec.stable:
+            return done("ready", f"{unit} ready after {obs.at - state.started:.1f}s "
+                        f"(still healthy {spec.stable:.0f}s later)")
+    if obs.at - state.started >= spec.budget:
+        return done("timeout", f"{unit} not ready within the start-up budget of {spec.budget:.0f}s",
+                    cause="loading takes longer than the budget, or hangs", evidence=tail,
+                    fix="raise vllm_startup_budget if loads are slow; otherwise see the journal lines")
+    if obs.aborted:
+        return done("failed", f"{unit}: run aborted while waiting")
+    return Wait(ask_serving=state.ready_since is None)
+
+
+def watch(session: Transport, plan: HostPlan, inst: InstancePlan, *, since: str, budget: float,
+          stable: float = 3.0, poll: float = 0.5, exp: Expectations | None = None,
+          abort: threading.Event | None = None, clock: Callable[[], float] = time.monotonic,
+          sleep: Callable[[float], None] = time.sleep) -> Readiness:
     exp = exp or Expectations()
-
-    def done(status: str, summary: str, **kw: object) -> Readiness:
-        return Readiness(status, summary, journal=journal, seconds=clock() - started, **kw)  # type: ignore[arg-type]
-
+    unit = f"{inst.unit}.service"
+    spec = Spec(inst.unit, instance_context(inst, plan.model.num_attention_heads if plan.model else None),
+                budget, stable)
+    state = State(started=clock())
+    ask_serving = True
     while True:
-        text = session.run(unit_script(unit, since=None if cursor else since, cursor=cursor), check=False,
-                           label=f"watch {inst.unit}").text
-        state = parse(text)[0].get(unit)
-        if state is not None:
-            journal += state.journal
-            cursor = state.cursor or cursor
-            fatal = [m for m in scan(journal, context) if m.severity == "fail"]
-            if fatal:
-                m = fatal[0]
-                return done("failed", f"{inst.unit}: {m.headline}", cause=m.cause, fix=m.fix, evidence=list(m.lines))
-            first_restarts = state.restarts if first_restarts is None else first_restarts
-            if state.restarts - first_restarts >= 2:
-                return done("failed", f"{inst.unit} is in a crash loop: systemd restarted it "
-                            f"{state.restarts - first_restarts} times since the deploy",
-                            cause="the service dies shortly after starting", evidence=journal[-15:],
-                            fix=f"journalctl -u {inst.unit} shows each attempt; fix the cause and deploy again")
-            if state.active == "failed":
-                return done("failed", f"{inst.unit} failed ({state.result})", evidence=journal[-15:],
-                            cause="the service exited with an error", fix=f"journalctl -u {inst.unit}")
-            if state.active == "active":
-                health, _ = httpprobe.health(address, inst.port)
-                if health == "dead":
-                    return done("failed", f"{inst.unit}: /health answers 503 (engine dead)", evidence=journal[-15:],
-                                cause="vLLM's engine died after start-up", fix=f"journalctl -u {inst.unit}")
-                if health == "ready" and ready_since is None and _serves(address, inst, key, exp):
-                    ready_since = clock()
-                elif health != "ready":
-                    ready_since = None
-                if ready_since is not None and clock() - ready_since >= stable:
-                    return done("ready", f"{inst.unit} ready after {clock() - started:.1f}s "
-                                f"(still healthy {stable:.0f}s later)")
-        if clock() - started >= budget:
-            return done("timeout", f"{inst.unit} not ready within the start-up budget of {budget:.0f}s",
-                        cause="loading takes longer than the budget, or hangs", evidence=journal[-15:],
-                        fix="raise vllm_startup_budget if loads are slow; otherwise see the journal lines")
-        if abort is not None and abort.is_set():
-            return done("failed", f"{inst.unit}: run aborted while waiting")
-        time.sleep(poll)
-
-
-def _serves(address: str, inst: InstancePlan, key: str | None, exp: Expectations) -> bool:
-    models = httpprobe.models(address, inst.port, key)
-    if models.status != 200 or not judge.judge_models(models.body, inst.served_model_name, inst.max_model_len).ok:
-        return False
-    answer = httpprobe.completion(address, inst.port, inst.served_model_name, key, exp.stream)
-    return judge.judge_completion(answer.status or 0, answer.body, inst.served_model_name).ok
+        requests = requests_for(plan, inst, exp, serving=ask_serving)
+        probe = parse(session.run(watch_command(unit, since=since, cursor=state.cursor, requests=requests,
+                                                api_key=api_key(plan))).text)
+        health = http.missing(probe.http, request_id(inst, "health"))
+        verdict = step(state, Observation(clock(), probe.unit(unit), health,
+                                          serves(plan, inst, probe.http) if ask_serving and health else None,
+                                          aborted=abort is not None and abort.is_set()), spec)
+        if isinstance(verdict, Readiness):
+            return verdict
+        ask_serving = verdict.ask_serving
+        sleep(poll)

@@ -1,16 +1,18 @@
-"""Per-host results of multi-host operations, the PLAY RECAP and the exit code they add up to."""
+"""Per-host results of multi-host operations: the steps each host went through, its status, the exit code.
+
+A host result holds its steps (name, status, seconds, evidence, changed), so batches, drains and restarts
+can report themselves; output/ renders results to rich or to versioned JSON.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
 
 from ernie_deploy.checks.result import CheckResult
+from ernie_deploy.errors import ExitCode
 from ernie_deploy.planning.findings import Finding
-
-JSON_SCHEMA = "ernie-deploy/deploy/v1"
 
 
 class Status(Enum):
@@ -22,8 +24,13 @@ class Status(Enum):
     LOCKED = "locked"
 
 
-# ansible-playbook's codes: 2 a host failed, 4 a host unreachable; 6 (ours) a host's deploy lock is held.
-EXIT_OK, EXIT_FAILED, EXIT_UNREACHABLE, EXIT_LOCKED = 0, 2, 4, 6
+@dataclass
+class Step:
+    name: str
+    status: str  # ok | changed | failed | skipped
+    seconds: float = 0.0
+    evidence: list[str] = field(default_factory=list)
+    changed: bool = False
 
 
 @dataclass
@@ -42,19 +49,19 @@ class HostResult:
     findings: list[Finding] = field(default_factory=list)
     evidence: list[str] = field(default_factory=list)
     checks: list[CheckResult] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
+    release: str | None = None
     commands: int = 0
     command_log: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "host": self.host, "status": self.status.value, "message": self.message, "hint": self.hint,
-            "changed_files": self.changed_files, "restarted": self.restarted, "started": self.started,
-            "enabled": self.enabled, "pruned": self.pruned, "reasons": self.reasons, "diffs": self.diffs,
-            "findings": [f.to_json() for f in self.findings], "evidence": self.evidence,
-            "checks": [c.to_json() for c in self.checks],
-            "remote_commands": self.commands, "seconds": round(self.seconds, 3),
-        }
+    @property
+    def finished(self) -> bool:
+        """Failed, unreachable, locked or skipped: later phases leave this host alone."""
+        return self.status in (Status.FAILED, Status.UNREACHABLE, Status.LOCKED, Status.SKIPPED)
+
+    def fail(self, status: Status, message: str, hint: str | None = None) -> None:
+        self.status, self.message, self.hint = status, message, hint
 
 
 def recap_counts(r: HostResult) -> dict[str, int]:
@@ -69,12 +76,14 @@ def recap_counts(r: HostResult) -> dict[str, int]:
     }
 
 
-def exit_code(results: Sequence[HostResult]) -> int:
+def exit_code(results: Sequence[HostResult], interrupted: bool = False) -> ExitCode:
+    if interrupted:
+        return ExitCode.INTERRUPTED
     statuses = {r.status for r in results}
     if Status.UNREACHABLE in statuses:
-        return EXIT_UNREACHABLE
+        return ExitCode.UNREACHABLE
     if Status.FAILED in statuses:
-        return EXIT_FAILED
+        return ExitCode.FAILED
     if Status.LOCKED in statuses:
-        return EXIT_LOCKED
-    return EXIT_OK
+        return ExitCode.LOCKED
+    return ExitCode.OK

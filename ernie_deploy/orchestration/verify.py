@@ -1,51 +1,68 @@
 """`verify`: every check on running services, without restarting anything.
 
-Per host: one command for facts, one for the state of all its instances (systemd, this invocation's
-journal, nvidia-smi, the process tree); HTTP from here; then the pure checks.
+Per host two commands: the facts (read-only snapshot), then one probe of all its instances (systemd, this
+invocation's journal, nvidia-smi, the process tree, and the HTTP answers the host itself got); then the
+pure checks.
 """
 
 from __future__ import annotations
 
-from ernie_deploy.orchestration.deploy import Runner, Session, discovered, target_for
-from ernie_deploy.orchestration.instancecheck import instance_checks
+from collections.abc import Sequence
+
+from ernie_deploy.checks.playbook import Expectations
+from ernie_deploy.orchestration.fleet import Fleet, FleetOptions, HostRun
+from ernie_deploy.orchestration.instancecheck import api_key, instance_checks, requests_for
 from ernie_deploy.orchestration.results import HostResult, Status
+from ernie_deploy.orchestration.snapshot import SnapshotOptions, take
+from ernie_deploy.orchestration.transport import Connector, Progress, RemoteHost
 from ernie_deploy.planning.findings import Severity
-from ernie_deploy.planning.plan import HostLike, plan_host
+from ernie_deploy.planning.plan import PlanContext
+from ernie_deploy.planning.render import environment_for_templates, templates_dir
 from ernie_deploy.remote import probe
-from ernie_deploy.remote.facts import gather_script, parse_facts
 
 
-class Verifier(Runner):
-    def _host(self, host: HostLike, result: HostResult) -> None:
-        pre = plan_host(host, self.ctx)
-        if any(f.code == "input" for f in pre.errors):
-            result.status, result.findings = Status.FAILED, pre.errors
-            result.message = "the plan has errors; nothing to verify against"
-            return
-        self.progress(host.name, "connecting")
-        session: Session = self.connect(target_for(host, self.options.known_hosts))
+class Verifier:
+    def __init__(self, ctx: PlanContext, connector: Connector, options: FleetOptions,
+                 progress: Progress | None = None, expectations: Expectations | None = None) -> None:
+        self.ctx = ctx
+        self.fleet = Fleet(connector, options, progress)
+        self.templates = environment_for_templates(templates_dir())
+        self.expectations = expectations or Expectations()
+
+    @property
+    def interrupted(self) -> bool:
+        return self.fleet.interrupted
+
+    def run(self, hosts: Sequence[RemoteHost]) -> list[HostResult]:
+        runs = self.fleet.runs(hosts)
         try:
-            self.progress(host.name, "gathering facts")
-            facts = parse_facts(session.run(gather_script(pre.model_path, pre.bin), label="gather facts").text)
-            plan = plan_host(host, self.ctx, discovered(facts))
-            result.findings = [f for f in plan.findings if f.severity in (Severity.ERROR, Severity.WARNING)]
-            if not plan.ok:
-                result.status, result.message = Status.FAILED, "the plan has errors; fix them and deploy"
-                return
-            self.progress(host.name, "probing instances")
-            units = [f"{i.unit}.service" for i in plan.instances]
-            states, other = probe.parse(session.run(probe.host_script(units), label="probe instances").text)
+            self.fleet.phase(runs, self._host)
+        finally:
+            self.fleet.close(runs, lambda run: None)
+        return [r.result for r in runs]
+
+    def _host(self, run: HostRun) -> None:
+        result = run.result
+        snap = take(self.fleet, run, self.ctx, self.templates, SnapshotOptions(render=False))
+        if snap is None:
+            if result.message.startswith("the plan has errors"):
+                result.message = "the plan has errors; fix them and deploy"
+            return
+        plan = snap.plan
+        result.findings = [f for f in plan.findings if f.severity in (Severity.ERROR, Severity.WARNING)]
+        assert run.session is not None
+        self.fleet.progress(plan.name, "probing instances")
+        units = [f"{i.unit}.service" for i in plan.instances]
+        requests = [r for i in plan.instances for r in requests_for(plan, i, self.expectations)]
+        with self.fleet.step(run, "probe"):
+            seen = probe.parse(run.session.run(probe.host_command(units, requests, api_key(plan))).text)
+        with self.fleet.step(run, "checks") as step:
             for inst in plan.instances:
-                self.progress(host.name, f"checking {inst.unit}")
-                result.checks += instance_checks(plan, inst, states.get(f"{inst.unit}.service", probe.UnitState()),
-                                                 other.get("gpus", ""), other.get("apps", ""), other.get("ps", ""),
-                                                 self.expectations)
+                result.checks += instance_checks(plan, inst, seen, self.expectations)
             failed = [c for c in result.checks if c.status == "fail"]
             warned = [c for c in result.checks if c.status == "warn"]
-            result.status = Status.FAILED if failed else Status.OK
-            warnings = f", {len(warned)} warning(s)" if warned else ""
-            result.message = (f"{len(failed)} of {len(result.checks)} checks failed" if failed else
-                              f"all {len(result.checks)} checks passed{warnings}")
-        finally:
-            result.commands, result.command_log = session.commands, list(session.history)
-            session.close()
+            step.status = "failed" if failed else "ok"
+        result.status = Status.FAILED if failed else Status.OK
+        warnings = f", {len(warned)} warning(s)" if warned else ""
+        result.message = (f"{len(failed)} of {len(result.checks)} checks failed" if failed else
+                          f"all {len(result.checks)} checks passed{warnings}")

@@ -39,7 +39,13 @@ def show_results(results: Sequence[HostResult], verbose: int = 0) -> None:
         if r.checks and verbose:
             for c in r.checks:
                 console.out.print(f"    {c.status} {c.instance} {c.name}: {c.summary}", markup=False)
+        if r.release:
+            console.out.print(f"    release: {r.release}", markup=False)
         if verbose:
+            for s in r.steps:
+                evidence = f": {'; '.join(s.evidence)}" if s.evidence else ""
+                console.out.print(f"    step {s.name}: {s.status}{' (changed)' if s.changed else ''} "
+                                  f"{s.seconds:.2f}s{evidence}", markup=False)
             console.out.print(f"    remote commands: {r.commands} ({', '.join(r.command_log)})", markup=False)
 
 

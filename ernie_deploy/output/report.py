@@ -73,7 +73,7 @@ def flag_sources(plan: HostPlan) -> list[list[str]]:
             elif setting == "served_model_name":
                 why = "last part of the model path" + (f", suffix -{inst.index} for instance {inst.index}"
                                                        if inst.index else "")
-            elif flag in (plan.profile and _profile_args(plan)):
+            elif plan.profile and flag in _profile_args(plan):
                 why = f"profile {plan.profile}"
             else:
                 why = "vllm_extra_args"

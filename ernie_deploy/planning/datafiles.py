@@ -6,7 +6,7 @@ import json
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, overload
 
 import yaml
 
@@ -41,6 +41,17 @@ def load_json(path: Path) -> Any:
         raise ConfigError(f"malformed JSON: {exc.msg}", where=f"{path}:{exc.lineno}") from exc
 
 
+_T = TypeVar("_T")
+
+
+@overload
+def expect(value: Any, kind: type[_T], where: str, key: str) -> _T: ...
+
+
+@overload
+def expect(value: Any, kind: tuple[type, ...], where: str, key: str) -> Any: ...
+
+
 def expect(value: Any, kind: type | tuple[type, ...], where: str, key: str) -> Any:
     """Return value if it has the expected type, else a ConfigError naming the key path."""
     # bool is an int in Python; a YAML `true` where a number belongs is a mistake, not a 1.
@@ -51,4 +62,5 @@ def expect(value: Any, kind: type | tuple[type, ...], where: str, key: str) -> A
 
 
 def mapping(value: Any, where: str, key: str) -> Mapping[str, Any]:
-    return expect(value if value is not None else {}, dict, where, key)
+    checked: dict[str, Any] = expect(value if value is not None else {}, dict, where, key)
+    return checked

@@ -1,4 +1,4 @@
-"""Per-GPU memory estimate of one vLLM instance, following vLLM's own formulas (reference §3).
+"""Per-GPU memory estimate of one vLLM instance, following vLLM's own formulas (docs/vllm-facts.md#memory-model).
 
 vLLM's KV budget per GPU is `total × gpu_memory_utilization − non-KV memory`, where non-KV memory is the
 weights, the peak activation of a profiling forward pass, and memory outside PyTorch (CUDA context,
@@ -9,8 +9,8 @@ NCCL, CUDA graphs). vLLM measures the last two at start-up; here they are ASSUMP
 * activation peak: a profiling pass over `max_num_batched_tokens` tokens keeping about
   (4 × hidden + 2 × intermediate / TP) values per token, plus fp32 logits for `max_num_seqs` sequences.
 
-For ERNIE-4.5-0.3B this reserves about 0.9 GiB per GPU, inside the 1-2 GiB the reference expects; read
-the real numbers from vLLM's `Available KV cache memory` log line after a deploy.
+For ERNIE-4.5-0.3B this reserves about 0.9 GiB per GPU, inside the 1-2 GiB estimated in
+docs/vllm-facts.md#memory-model; read the real numbers from vLLM's `Available KV cache memory` log line after a deploy.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Model facts from a Hugging Face config.json, derived the way vLLM derives them.
 
-Sources: shared/reference/vllm.md §1 (ERNIE configs, parameter count) and §2a (max length rules).
+Sources: docs/vllm-facts.md#ernie-models (ERNIE configs, parameter count) and docs/vllm-facts.md#max-model-length
+(max length rules).
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def derive_max_len(config: dict[str, Any]) -> tuple[int, str, int | None]:
 
 
 def count_parameters(c: dict[str, Any], where: str) -> int:
-    """Parameter count of a Llama-style decoder (ERNIE-4.5 dense and MoE), see reference §1.1."""
+    """Parameter count of a Llama-style decoder (ERNIE-4.5 dense and MoE), see docs/vllm-facts.md#dense-model."""
     hidden = _int(c, "hidden_size", where)
     vocab = _int(c, "vocab_size", where)
     layers = _int(c, "num_hidden_layers", where)

@@ -90,10 +90,10 @@ def load_table(catalog: Catalog, path: Path | None = None) -> Table:
         models = entry.get("gpu_model")
         names = models if isinstance(models, list) else [models]
         gpus = []
-        for name in names:
-            gpu = catalog.lookup(str(name)) if name is not None else None
+        for gpu_name in names:
+            gpu = catalog.lookup(str(gpu_name)) if gpu_name is not None else None
             if gpu is None:
-                raise ConfigError(f"{key}.gpu_model: unknown GPU {name!r}", where=where,
+                raise ConfigError(f"{key}.gpu_model: unknown GPU {gpu_name!r}", where=where,
                                   hint=f"use a name from the GPU catalog: {', '.join(catalog.names())}")
             gpus.append(gpu)
         row = Row(

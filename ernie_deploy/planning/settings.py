@@ -65,6 +65,7 @@ SETTING_TYPES: dict[str, SettingType] = {
     "env": SettingType(dict, item=str),
     "drain_timeout": SettingType(int),
     "startup_budget": SettingType((int, float)),
+    "keep_releases": SettingType(int),
     "allow_fallback": SettingType(bool),
     "api_key": SettingType(str, secret=True),
 }
@@ -83,6 +84,8 @@ DEFAULTS: dict[str, Any] = {
     # Seconds a (re)started instance may take to become ready: real loads (weights, torch.compile, CUDA
     # graphs) take minutes; the lab's simulator takes seconds.
     "startup_budget": 600,
+    # Releases kept on each host for rollback (docs/releases.md).
+    "keep_releases": 5,
     "allow_fallback": False,
 }
 

@@ -1,4 +1,4 @@
-"""Checks that agree with real vLLM for the pinned version (texts from shared/reference/vllm.md §2).
+"""Checks that agree with real vLLM for the pinned version (texts from docs/vllm-facts.md#start-up-errors).
 
 Each check is a pure function returning findings; `vllm_message` carries the exact text vLLM prints
 where it would refuse to start.

@@ -1,14 +1,22 @@
-"""Converge: what must change on a host (pure), and the one script + payload that changes it.
+"""Converge: what must change on a host (pure), and the commands that change it, in two steps.
 
-Files are compared by sha256 with what the host has. Uploads travel as a tar stream on stdin (secrets
-never touch a command line), are installed as hidden temporary files in the target directory and renamed
-into place, so a target file is either the old or the new version, never half written. The previous
-version of each replaced file is kept under /var/lib/ernie-deploy/prev for rollback.
+* **stage** puts the changed files in place and records a release, restarting nothing. Uploads travel as a
+  tar stream on stdin (secrets never touch a command line), are installed as hidden temporary files in the
+  target directory and renamed into place, so a target file is either the old or the new version, never
+  half written. Units staged but not activated are listed in the host's pending file, so a later run
+  restarts them even though their files already match.
+* **activate(units)** runs `daemon-reload` once, enables, restarts or starts exactly the given units, and
+  removes the units the plan no longer has (with --prune). A later batch can be staged early, activated late.
+
+Releases (docs/releases.md): every stage that changes a host copies the full set of managed files (all units
+and env files, env files 0600) to /var/lib/ernie-deploy/releases/ID/ with a release.json saying who made it
+and what changed; the newest `keep` are kept. A release can be restored whole or per instance.
 """
 
 from __future__ import annotations
 
 import difflib
+import hashlib
 import io
 import json
 import re
@@ -17,16 +25,17 @@ import tarfile
 import time
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
+from typing import Any
 
 from ernie_deploy.planning.plantypes import HostPlan
 from ernie_deploy.planning.render import ENV_DIR, UNIT_DIR, RenderedFile
+from ernie_deploy.remote.command import Command, Op
 from ernie_deploy.remote.facts import HostFacts
+from ernie_deploy.remote.state import AUDIT_LOG, PENDING_FILE, RELEASES_DIR, STAGING_DIR, STATE_DIR
 
-STATE_DIR = "/var/lib/ernie-deploy"
-PREV_DIR = f"{STATE_DIR}/prev"
-STAGING_DIR = f"{STATE_DIR}/staging"
-AUDIT_LOG = "/var/log/ernie-deploy/audit.log"
 RUNNING = {"active", "activating", "reloading"}
+RESTART_MARK = "@@ernie-deploy:restart-at "
+RELEASE_MARK = "@@ernie-deploy:release "
 
 
 @dataclass(frozen=True)
@@ -41,7 +50,7 @@ class FileChange:
 @dataclass(frozen=True)
 class Changes:
     files: tuple[FileChange, ...] = ()
-    restart: tuple[str, ...] = ()  # running units whose unit or env file changed
+    restart: tuple[str, ...] = ()  # running units whose unit or env file changed (or were staged, not activated)
     start: tuple[str, ...] = ()  # units of the plan that are not running
     enable: tuple[str, ...] = ()  # units not enabled at boot yet
     prune: tuple[str, ...] = ()  # installed units no longer in the plan (only with --prune)
@@ -54,6 +63,11 @@ class Changes:
     @property
     def daemon_reload(self) -> bool:
         return any(f.path.endswith(".service") for f in self.files) or bool(self.prune)
+
+    @property
+    def units(self) -> tuple[str, ...]:
+        """Every unit activation touches: restarted, started."""
+        return self.restart + self.start
 
 
 def compute_changes(plan: HostPlan, files: list[RenderedFile], facts: HostFacts, prune: bool) -> Changes:
@@ -69,6 +83,9 @@ def compute_changes(plan: HostPlan, files: list[RenderedFile], facts: HostFacts,
         if running and mine:
             restart.append(unit)
             reasons[unit] = "changed: " + ", ".join(sorted(PurePosixPath(p).name for p in mine))
+        elif running and unit in facts.pending:
+            restart.append(unit)
+            reasons[unit] = "staged by an earlier run but not restarted since"
         elif not running:
             start.append(unit)
             reasons[unit] = f"not running ({state.active_state if state else 'not installed'})"
@@ -79,17 +96,25 @@ def compute_changes(plan: HostPlan, files: list[RenderedFile], facts: HostFacts,
     return Changes(changed, tuple(restart), tuple(start), tuple(enable), stale, reasons)
 
 
+def release_id(files: list[RenderedFile], now: float) -> str:
+    """Time (UTC, sortable) plus a short hash of the full managed set."""
+    digest = hashlib.sha256("".join(f"{f.path}\0{f.sha256}\n" for f in sorted(files, key=lambda f: f.path))
+                            .encode()).hexdigest()[:8]
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now)) + f"-{digest}"
+
+
 def _staged_name(index: int) -> str:
     return f"f{index}"
 
 
-def payload(files: list[RenderedFile], changes: Changes, audit: dict[str, object]) -> bytes:
-    """The tar stream the apply script reads on stdin: the changed files and the audit line."""
+def payload(files: list[RenderedFile], changes: Changes, audit: dict[str, Any], release: dict[str, Any]) -> bytes:
+    """The tar stream the stage script reads on stdin: the changed files, the audit line, the release record."""
     wanted = {c.path for c in changes.files}
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         entries = [(_staged_name(i), f.content.encode()) for i, f in enumerate(files) if f.path in wanted]
         entries.append(("audit.jsonl", (json.dumps(audit, sort_keys=True) + "\n").encode()))
+        entries.append(("release.json", (json.dumps(release, sort_keys=True, indent=1) + "\n").encode()))
         for name, data in entries:
             info = tarfile.TarInfo(name)
             info.size, info.mode, info.mtime = len(data), 0o600, int(time.time())
@@ -97,18 +122,25 @@ def payload(files: list[RenderedFile], changes: Changes, audit: dict[str, object
     return buf.getvalue()
 
 
-def apply_script(files: list[RenderedFile], changes: Changes) -> str:
-    """One shell script that installs the changed files atomically and (re)starts what changed."""
+def _cleanup() -> str:
+    return f"rm -rf {STAGING_DIR}; rm -f {UNIT_DIR}/.ernie-vllm-*.new {ENV_DIR}/.ernie-vllm-*.new"
+
+
+def stage_command(files: list[RenderedFile], changes: Changes, audit: dict[str, Any], release: dict[str, Any],
+                  keep: int) -> Command:
+    """Install the changed files atomically, mark their units pending and record the release; restart nothing."""
     q = shlex.quote
     wanted = {c.path for c in changes.files}
+    rid = str(release["id"])
+    rdir = f"{RELEASES_DIR}/{rid}"
     lines = [
         "set -eu",
         "umask 077",
-        # Leftovers of a deploy that was killed mid-way (we hold the lock, so nobody else is writing).
-        f"rm -rf {STAGING_DIR}; rm -f {UNIT_DIR}/.ernie-vllm-*.new {ENV_DIR}/.ernie-vllm-*.new",
-        f"mkdir -p {STAGING_DIR} {ENV_DIR} {PREV_DIR}{UNIT_DIR} {PREV_DIR}{ENV_DIR} {PurePosixPath(AUDIT_LOG).parent}",
-        f"chmod 0700 {STATE_DIR} {ENV_DIR}",
-        f"trap 'rm -rf {STAGING_DIR}; rm -f {UNIT_DIR}/.ernie-vllm-*.new {ENV_DIR}/.ernie-vllm-*.new' EXIT",
+        # Leftovers of a run that was killed mid-way (we hold the lock, so nobody else is writing).
+        _cleanup(),
+        f"mkdir -p {STAGING_DIR} {ENV_DIR} {RELEASES_DIR} {PurePosixPath(AUDIT_LOG).parent}",
+        f"chmod 0700 {STATE_DIR} {ENV_DIR} {RELEASES_DIR}",
+        f"trap '{_cleanup()}' EXIT",
         # A truncated stream (controller killed mid-upload) makes tar fail here, before anything moves.
         f"tar -x -C {STAGING_DIR} -f -",
     ]
@@ -118,35 +150,62 @@ def apply_script(files: list[RenderedFile], changes: Changes) -> str:
         path = PurePosixPath(f.path)
         tmp = path.parent / f".{path.name}.new"
         lines += [
-            f"if [ -f {q(f.path)} ]; then cp -p {q(f.path)} {q(PREV_DIR + f.path)}; fi",
             f"install -m {f.mode:04o} -o root -g root {STAGING_DIR}/{_staged_name(i)} {q(str(tmp))}",
             f"mv -f {q(str(tmp))} {q(f.path)}",
         ]
+    if changes.units:
+        lines.append(f"printf '%s\\n' {' '.join(q(u) for u in changes.units)} >> {PENDING_FILE}")
+        lines.append(f"sort -u -o {PENDING_FILE} {PENDING_FILE}")
+    # The release: every managed file as it now is on the host, copied with its mode (env files stay 0600).
+    lines += [f"rm -rf {q(rdir)}.tmp {q(rdir)}", f"mkdir -p {q(rdir)}.tmp{UNIT_DIR} {q(rdir)}.tmp{ENV_DIR}"]
+    lines += [f"cp -p {q(f.path)} {q(rdir + '.tmp' + f.path)}" for f in files]
+    lines += [f"cp {STAGING_DIR}/release.json {q(rdir)}.tmp/release.json", f"mv {q(rdir)}.tmp {q(rdir)}",
+              # Newest `keep` releases stay (ids sort by time).
+              f"ls -1 {RELEASES_DIR} | grep -v '\\.tmp$' | sort | head -n -{max(1, keep)} | "
+              f"while read -r old; do rm -rf {RELEASES_DIR}/\"$old\"; done",
+              f"cat {STAGING_DIR}/audit.jsonl >> {AUDIT_LOG}; chmod 0600 {AUDIT_LOG}",
+              f"printf '{RELEASE_MARK}%s\\n' {q(rid)}"]
+    return Command(Op.STAGE, "\n".join(lines) + "\n", stdin=payload(files, changes, audit, release), timeout=300)
+
+
+def activate_command(changes: Changes, audit: dict[str, Any]) -> Command:
+    """daemon-reload once, enable, restart/start exactly these units, prune; print where their journal starts."""
+    q = shlex.quote
+    lines = ["set -eu"]
     for unit in changes.prune:
         name = unit.removesuffix(".service")
-        lines += [
-            f"systemctl disable --now -q {q(unit)} || true",
-            f"for f in {UNIT_DIR}/{q(unit)} {ENV_DIR}/{q(name)}.env; do "
-            f"if [ -f \"$f\" ]; then cp -p \"$f\" {PREV_DIR}\"$f\"; rm -f \"$f\"; fi; done",
-        ]
-    lines.append(f"cat {STAGING_DIR}/audit.jsonl >> {AUDIT_LOG}; chmod 0600 {AUDIT_LOG}")
+        # The files are in the previous release already; removing them is enough.
+        lines += [f"systemctl disable --now -q {q(unit)} || true",
+                  f"rm -f {UNIT_DIR}/{q(unit)} {ENV_DIR}/{q(name)}.env"]
     if changes.daemon_reload:
         lines.append("systemctl daemon-reload")
     if changes.enable:
         lines.append("systemctl enable -q " + " ".join(q(u) for u in changes.enable))
-    if changes.restart or changes.start:
+    if changes.units:
         # Where this start's journal begins, for the readiness watch.
-        lines.append("printf '@@ernie-deploy:restart-at %s\\n' \"$(date +%s.%N)\"")
+        lines.append(f"printf '{RESTART_MARK}%s\\n' \"$(date +%s.%N)\"")
     if changes.restart:
         lines.append("systemctl restart " + " ".join(q(u) for u in changes.restart))
     if changes.start:
         lines.append("systemctl start " + " ".join(q(u) for u in changes.start))
-    return "\n".join(lines) + "\n"
+    if changes.units or changes.prune:
+        done = " ".join(f"-e {q(u)}" for u in changes.units + changes.prune)
+        lines.append(f"if [ -f {PENDING_FILE} ]; then grep -vxF {done} {PENDING_FILE} > {PENDING_FILE}.new || true; "
+                     f"mv -f {PENDING_FILE}.new {PENDING_FILE}; fi")
+    lines.append(f"mkdir -p {PurePosixPath(AUDIT_LOG).parent}; "
+                 f"printf '%s\\n' {q(json.dumps(audit, sort_keys=True))} >> {AUDIT_LOG}; chmod 0600 {AUDIT_LOG}")
+    return Command(Op.ACTIVATE, "\n".join(lines) + "\n", units=changes.units)
 
 
-def read_script(paths: list[str]) -> str:
+def restart_marker(output: str) -> str | None:
+    """The journal start (`@EPOCH`) an activate printed, or None when its output lacks the marker."""
+    return next((f"@{line.split()[-1]}" for line in output.splitlines() if line.startswith(RESTART_MARK)), None)
+
+
+def read_command(paths: list[str]) -> Command:
     """Print the current content of files, for --diff."""
-    return "".join(f"echo '@@ernie-deploy:file {p}'; cat {shlex.quote(p)} 2>/dev/null || true\n" for p in paths)
+    return Command(Op.READ_FILES, "".join(f"echo '@@ernie-deploy:file {p}'; cat {shlex.quote(p)} 2>/dev/null || true\n"
+                                          for p in paths))
 
 
 def parse_read(text: str) -> dict[str, str]:

@@ -12,19 +12,22 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+from ernie_deploy.checks.gpus import csv_number, csv_rows
+from ernie_deploy.checks.result import CheckInputError
 from ernie_deploy.planning.render import ENV_DIR, UNIT_DIR
+from ernie_deploy.remote.command import Command, Op
+from ernie_deploy.remote.lock import LOCK_DIR
+from ernie_deploy.remote.state import PENDING_FILE
+from ernie_deploy.remote.systemd import UnitState, parse_units, show_command
 
 MARK = "@@ernie-deploy:"
 UNIT_GLOB = "ernie-vllm-*.service"
-UNIT_PROPS = ("Id", "LoadState", "ActiveState", "SubState", "MainPID", "InvocationID", "NRestarts",
-              "ExecMainStartTimestampMonotonic", "UnitFileState")
-LOCK_DIR = "/var/lib/ernie-deploy/lock"
 
 
 def gather_script(model_path: str, vllm_bin: str) -> str:
     """The facts script. Paths are quoted; nothing secret is read into the output (env files: hashes only)."""
     q = shlex.quote
-    props = ",".join(UNIT_PROPS)
+    show = show_command('"${f##*/}"')
     return f"""
 m() {{ printf '\\n{MARK}%s\\n' "$1"; }}
 m gpus
@@ -34,12 +37,17 @@ m systemd; systemctl --version 2>&1 | head -n 1
 m files
 for f in {UNIT_DIR}/{UNIT_GLOB} {ENV_DIR}/ernie-vllm-*.env; do [ -f "$f" ] && sha256sum "$f"; done
 m units
-for f in {UNIT_DIR}/{UNIT_GLOB}; do [ -f "$f" ] && systemctl show --no-pager -p {props} "${{f##*/}}" && echo; done
+for f in {UNIT_DIR}/{UNIT_GLOB}; do [ -f "$f" ] && {show} && echo; done
 m model; cat {q(model_path.rstrip('/') + '/config.json')} 2>&1; rc=$?; echo; echo "rc=$rc"
 m vllm; {q(vllm_bin)} --version 2>&1; echo "rc=$?"
 m lock; cat {LOCK_DIR}/info 2>/dev/null
+m pending; cat {PENDING_FILE} 2>/dev/null
 m end
 """
+
+
+def gather_command(model_path: str, vllm_bin: str) -> Command:
+    return Command(Op.FACTS, gather_script(model_path, vllm_bin))
 
 
 @dataclass(frozen=True)
@@ -52,31 +60,19 @@ class GpuFact:
 
 
 @dataclass(frozen=True)
-class UnitFact:
-    name: str
-    load_state: str
-    active_state: str
-    sub_state: str
-    main_pid: int
-    invocation_id: str
-    n_restarts: int
-    started_monotonic: int  # ExecMainStartTimestampMonotonic, µs; changes on every (re)start
-    unit_file_state: str
-
-
-@dataclass(frozen=True)
 class HostFacts:
     gpus: tuple[GpuFact, ...] = ()
     gpu_error: str | None = None
     nvlink: bool | None = None
     systemd_version: int | None = None
     files: dict[str, str] = field(default_factory=dict)  # path → sha256
-    units: dict[str, UnitFact] = field(default_factory=dict)
+    units: dict[str, UnitState] = field(default_factory=dict)
     model_config: dict[str, Any] | None = None
     model_error: str | None = None
     vllm_version: str | None = None
     vllm_error: str | None = None
     lock_info: str | None = None
+    pending: tuple[str, ...] = ()  # units whose files were staged but not yet activated (restarted)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -85,6 +81,7 @@ class HostFacts:
             "units": {k: u.__dict__ for k, u in self.units.items()},
             "model_architecture": (self.model_config or {}).get("architectures"), "model_error": self.model_error,
             "vllm_version": self.vllm_version, "vllm_error": self.vllm_error, "lock": self.lock_info,
+            "pending": list(self.pending),
         }
 
 
@@ -114,12 +111,16 @@ def parse_gpus(body: str) -> tuple[tuple[GpuFact, ...], str | None]:
     text, rc = _rc(body)
     if rc != 0:
         return (), text.splitlines()[-1] if text else f"nvidia-smi exited {rc}"
-    gpus = []
-    for line in text.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) != 5 or not parts[0].isdigit():
-            return (), f"unexpected nvidia-smi output: {line!r}"
-        gpus.append(GpuFact(int(parts[0]), parts[1], parts[2], int(float(parts[3])), parts[4]))
+    what = "nvidia-smi --query-gpu"
+    try:
+        gpus = []
+        for lineno, (index, name, uuid, total, driver) in csv_rows(text, 5, what):
+            memory = csv_number(total, what, lineno, "memory.total")
+            if not index.isdigit() or memory is None:
+                raise CheckInputError(f"{what} line {lineno}: {index!r} / {total!r}")
+            gpus.append(GpuFact(int(index), name, uuid, int(memory), driver))
+    except CheckInputError as exc:
+        return (), f"unexpected nvidia-smi output: {exc.message}"
     return tuple(gpus), None
 
 
@@ -133,27 +134,6 @@ def parse_topology(body: str) -> bool | None:
     if not links:
         return None  # a single GPU has no links to judge
     return all(re.fullmatch(r"NV\d+", cell) for cell in links)
-
-
-def _num(props: dict[str, str], key: str) -> int:
-    value = props.get(key, "")
-    return int(value) if value.isdigit() else 0
-
-
-def parse_units(body: str) -> dict[str, UnitFact]:
-    units = {}
-    for block in re.split(r"\n\s*\n", body.strip()):
-        props = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
-        if "Id" not in props:
-            continue
-
-        units[props["Id"]] = UnitFact(
-            name=props["Id"], load_state=props.get("LoadState", ""), active_state=props.get("ActiveState", ""),
-            sub_state=props.get("SubState", ""), main_pid=_num(props, "MainPID"),
-            invocation_id=props.get("InvocationID", ""),
-            n_restarts=_num(props, "NRestarts"), started_monotonic=_num(props, "ExecMainStartTimestampMonotonic"),
-            unit_file_state=props.get("UnitFileState", ""))
-    return units
 
 
 def parse_facts(text: str) -> HostFacts:
@@ -185,4 +165,5 @@ def parse_facts(text: str) -> HostFacts:
         model_config=model_config, model_error=model_error, vllm_version=version,
         vllm_error=None if version else (vllm_text.splitlines()[-1] if vllm_text else "vllm not runnable"),
         lock_info=s.get("lock") or None,
+        pending=tuple(sorted({u for u in s.get("pending", "").split() if u})),
     )

@@ -15,6 +15,8 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from ernie_deploy.remote.command import Command, Op
+
 LOCK_ROOT = "/var/lib/ernie-deploy"
 LOCK_DIR = f"{LOCK_ROOT}/lock"
 HELD_EXIT = 75  # EX_TEMPFAIL: the script's way of saying "someone else holds it"
@@ -70,5 +72,14 @@ def release_script(token: str) -> str:
     return f"if grep -q {q(token)} {LOCK_DIR}/info 2>/dev/null; then rm -rf {LOCK_DIR}; fi"
 
 
-BREAK_SCRIPT = f"cat {LOCK_DIR}/info 2>/dev/null; rm -rf {LOCK_DIR}"
-SHOW_SCRIPT = f"cat {LOCK_DIR}/info 2>/dev/null || true"
+def acquire_command(info: LockInfo, then: str) -> Command:
+    """Take the lock and run `then` (the facts script) in the same round trip."""
+    return Command(Op.LOCK_FACTS, acquire_script(info) + then, check=False)
+
+
+def release_command(token: str) -> Command:
+    return Command(Op.RELEASE_LOCK, release_script(token), check=False)
+
+
+SHOW = Command(Op.SHOW_LOCK, f"cat {LOCK_DIR}/info 2>/dev/null || true")
+BREAK = Command(Op.BREAK_LOCK, f"cat {LOCK_DIR}/info 2>/dev/null; rm -rf {LOCK_DIR}")

@@ -1,28 +1,38 @@
-"""Remote scripts that read a running instance (systemd state, this start's journal, GPUs, processes) in
-one command, and pure parsers of their output."""
+"""Remote scripts that read running instances in one command (HTTP answers made on the host, systemd state,
+this start's journal, GPUs, processes), and pure parsers of their output."""
 
 from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, field
 
+from ernie_deploy.remote import http, systemd
+from ernie_deploy.remote.command import Command, Op
+
 MARK = "@@ernie-deploy:"
-PROPS = "ActiveState,SubState,Result,NRestarts,InvocationID,MainPID,ExecMainStartTimestampMonotonic"
 GPU_QUERY = "nvidia-smi --query-gpu=index,uuid,memory.used,memory.total,utilization.gpu --format=csv,noheader,nounits"
 APPS_QUERY = "nvidia-smi --query-compute-apps=pid,used_memory,gpu_uuid --format=csv,noheader,nounits"
 
 
 @dataclass
-class UnitState:
-    active: str = ""
-    sub: str = ""
-    result: str = ""
-    restarts: int = 0
-    invocation: str = ""
-    main_pid: int = 0
-    started: int = 0
+class UnitProbe:
+    """One unit: its systemd state and the journal lines asked for (this invocation, since, or after a cursor)."""
+
+    state: systemd.UnitState = field(default_factory=systemd.UnitState)
     journal: list[str] = field(default_factory=list)
     cursor: str | None = None
+
+
+@dataclass
+class HostProbe:
+    units: dict[str, UnitProbe] = field(default_factory=dict)
+    http: dict[str, http.Answer] = field(default_factory=dict)
+    gpus: str = ""
+    apps: str = ""
+    ps: str = ""
+
+    def unit(self, name: str) -> UnitProbe:
+        return self.units.get(name, UnitProbe())
 
 
 def _journal(unit: str, since: str | None, cursor: str | None) -> str:
@@ -41,47 +51,55 @@ def _journal(unit: str, since: str | None, cursor: str | None) -> str:
 def unit_script(unit: str, *, since: str | None = None, cursor: str | None = None) -> str:
     """State and new journal lines of one unit: since a time (@epoch), after a cursor, or this invocation."""
     q = shlex.quote
-    return (f"printf '{MARK}unit %s\\n' {q(unit)}; systemctl show -p {PROPS} {q(unit)}; "
+    return (f"printf '{MARK}unit %s\\n' {q(unit)}; {systemd.show_one(unit)}; "
             f"printf '{MARK}journal %s\\n' {q(unit)}; {_journal(unit, since, cursor)} 2>/dev/null; true\n")
 
 
-def host_script(units: list[str]) -> str:
+def _http_part(requests: list[http.Request]) -> str:
+    # First in the script: the probe program reads its requests from stdin, which nothing else may take.
+    return f"printf '{MARK}http\\n'; {http.script()}" if requests else ""
+
+
+def host_command(units: list[str], requests: list[http.Request], api_key: str | None) -> Command:
     """Everything verify needs from a host in one command."""
-    return "".join(unit_script(u) for u in units) + (
+    script = _http_part(requests) + "".join(unit_script(u) for u in units) + (
         f"printf '{MARK}gpus\\n'; {GPU_QUERY} 2>&1\n"
         f"printf '{MARK}apps\\n'; {APPS_QUERY} 2>&1\n"
         f"printf '{MARK}ps\\n'; ps -e -o pid=,ppid=\n")
+    return Command(Op.PROBE, script, stdin=http.stdin(requests, api_key), units=tuple(units))
 
 
-def parse(text: str) -> tuple[dict[str, UnitState], dict[str, str]]:
-    """(unit states by name, other sections by name)."""
-    units: dict[str, UnitState] = {}
-    other: dict[str, list[str]] = {}
+def watch_command(unit: str, *, since: str | None, cursor: str | None, requests: list[http.Request],
+                  api_key: str | None) -> Command:
+    """One poll of the readiness watch: the unit's state, its new journal lines, and the HTTP answers."""
+    script = _http_part(requests) + unit_script(unit, since=None if cursor else since, cursor=cursor)
+    return Command(Op.WATCH, script, stdin=http.stdin(requests, api_key), check=False, units=(unit,))
+
+
+def parse(text: str) -> HostProbe:
+    probe = HostProbe()
+    sections: dict[str, list[str]] = {}
     target: list[str] | None = None
     for line in text.splitlines():
-        if line.startswith(MARK):
+        if line.startswith(MARK) and not line.startswith(http.MARK):
             kind, _, name = line[len(MARK):].partition(" ")
             if kind == "unit":
-                units.setdefault(name, UnitState())
-                target = other.setdefault(f"unit {name}", [])
+                target = sections.setdefault(f"unit {name}", [])
+                probe.units.setdefault(name, UnitProbe())
             elif kind == "journal":
-                target = units.setdefault(name, UnitState()).journal
+                target = probe.units.setdefault(name, UnitProbe()).journal
             else:
-                target = other.setdefault(kind, [])
+                target = sections.setdefault(kind, [])
             continue
         if target is not None:
             target.append(line)
-    for name, state in units.items():
-        props = dict(line.split("=", 1) for line in other.pop(f"unit {name}", []) if "=" in line)
-        state.active, state.sub, state.result = props.get("ActiveState", ""), props.get("SubState", ""), \
-            props.get("Result", "")
-        state.restarts = int(props.get("NRestarts") or 0)
-        state.invocation = props.get("InvocationID", "")
-        state.main_pid = int(props.get("MainPID") or 0)
-        state.started = int(props.get("ExecMainStartTimestampMonotonic") or 0)
-        if state.journal and state.journal[-1].startswith("-- cursor: "):
-            state.cursor = state.journal.pop()[len("-- cursor: "):]
-    return units, {k: "\n".join(v) for k, v in other.items()}
+    for name, unit in probe.units.items():
+        unit.state = systemd.parse_state("\n".join(sections.pop(f"unit {name}", [])))
+        if unit.journal and unit.journal[-1].startswith("-- cursor: "):
+            unit.cursor = unit.journal.pop()[len("-- cursor: "):]
+    probe.http = http.parse("\n".join(sections.get("http", [])))
+    probe.gpus, probe.apps, probe.ps = ("\n".join(sections.get(k, [])) for k in ("gpus", "apps", "ps"))
+    return probe
 
 
 def descendants(ps_text: str, root: int) -> set[int]:
@@ -91,12 +109,11 @@ def descendants(ps_text: str, root: int) -> set[int]:
         parts = line.split()
         if len(parts) == 2 and all(p.isdigit() for p in parts):
             children.setdefault(int(parts[1]), []).append(int(parts[0]))
-    found, todo = set(), [root] if root else []
+    found: set[int] = set()
+    todo = [root] if root else []
     while todo:
         pid = todo.pop()
         if pid not in found:
             found.add(pid)
             todo.extend(children.get(pid, []))
     return found
-
-

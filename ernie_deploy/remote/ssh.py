@@ -8,8 +8,9 @@ keys (it installs paramiko's AutoAddPolicy); we replace that policy before conne
 Jump hosts come from `~/.ssh/config` or from the inventory's SSH argument variables (see route.py);
 every hop's host key is checked by the same rules as the target's.
 
-Commands run as `sh -c SCRIPT` (or `sudo -n sh -c SCRIPT` with become); data, secrets included,
-travels on stdin, never on a command line.
+Commands (remote/command.py) run as `sh -c SCRIPT` (or `sudo -n sh -c SCRIPT` with become); data, secrets
+included, travels on stdin, never on a command line. HTTP probes of an instance run on the host too
+(remote/http.py), so this session is the only way ernie-deploy reaches a host.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import paramiko
 from fabric import Config, Connection
 
 from ernie_deploy.errors import DeployError
+from ernie_deploy.remote.command import Command
 from ernie_deploy.remote.route import Route, route_from_vars
 
 log = logging.getLogger(__name__)
@@ -140,33 +142,32 @@ class Session:
     seconds: float = 0.0
     history: list[str] = field(default_factory=list)
 
-    def run(self, script: str, *, stdin: bytes = b"", timeout: float = 120.0, check: bool = True,
-            label: str | None = None) -> RunResult:
-        """Run a shell script on the host (as root via `sudo -n` when the target needs become)."""
-        command = f"sh -c {shlex.quote(script)}"
+    def run(self, cmd: Command) -> RunResult:
+        """Run a command's script on the host (as root via `sudo -n` when the target needs become)."""
+        command = f"sh -c {shlex.quote(cmd.script)}"
         if self.target.become:
             command = f"sudo -n -- {command}"
         self.commands += 1
-        self.history.append(label or script.split("\n", 1)[0][:60])
+        self.history.append(cmd.label)
         started = time.monotonic()
         try:
-            chan_in, chan_out, chan_err = self.connection.client.exec_command(command, timeout=timeout)
-            if stdin:
-                chan_in.write(stdin)
+            chan_in, chan_out, chan_err = self.connection.client.exec_command(command, timeout=cmd.timeout)
+            if cmd.stdin:
+                chan_in.write(cmd.stdin)
             chan_in.channel.shutdown_write()
             out = chan_out.read()
             err = chan_err.read()
             code = chan_out.channel.recv_exit_status()
         except (TimeoutError, paramiko.SSHException, OSError) as exc:
-            raise RemoteError(Failure.UNREACHABLE, f"connection lost while running {label or 'a command'}: {exc}",
+            raise RemoteError(Failure.UNREACHABLE, f"connection lost while running {cmd.label}: {exc}",
                               where=self.target.name) from exc
         finally:
             self.seconds += time.monotonic() - started
-        result = RunResult(label or script, code, out, err)
-        if check and code != 0:
+        result = RunResult(cmd.label, code, out, err)
+        if cmd.check and code != 0:
             tail = "\n".join(err.decode(errors="replace").strip().splitlines()[-5:])
             hint = "the host's sudo needs NOPASSWD for this user" if "sudo:" in tail and "password" in tail else None
-            raise RemoteError(Failure.COMMAND, f"{label or 'command'} exited {code}: {tail or '(no stderr)'}",
+            raise RemoteError(Failure.COMMAND, f"{cmd.label} exited {code}: {tail or '(no stderr)'}",
                               where=self.target.name, hint=hint)
         return result
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -93,15 +94,15 @@ def test_deploy_makes_every_unit_active_healthy_and_exactly_rendered(
     assert rc == 0, hosts
     assert {h["status"] for h in hosts.values()} == {"changed"}
     from ernie_deploy.inventory.inventory import load_inventory
-    from ernie_deploy.orchestration.deploy import discovered
+    from ernie_deploy.orchestration.snapshot import discovered
     from ernie_deploy.planning.plan import PlanContext, plan_host
-    from ernie_deploy.remote.facts import gather_script, parse_facts
+    from ernie_deploy.remote.facts import gather_command, parse_facts
 
     env = environment_for_templates(templates_dir())
     for host in load_inventory(inv).select(None):
         session = connect(Target.from_host(host.name, host.address, host.port, host.user, host.vars))
         with session:
-            facts = parse_facts(session.run(gather_script("/models/ERNIE-4.5-0.3B-PT", "/opt/vllm/bin/vllm")).text)
+            facts = parse_facts(session.run(gather_command("/models/ERNIE-4.5-0.3B-PT", "/opt/vllm/bin/vllm")).text)
         plan = plan_host(host, PlanContext.load(), discovered(facts))
         (unit, _env) = render_host(plan, env)
         shown = lab.ssh(host.name, "systemctl cat ernie-vllm-0.service").stdout
@@ -246,9 +247,10 @@ def test_truncated_upload_leaves_no_half_written_file(lab: Lab, deployed: LabSta
     from ernie_deploy.remote.facts import HostFacts
 
     changes = converge.compute_changes(plan, files, HostFacts(), prune=False)
-    data = converge.payload(files, changes, {"test": "truncated"})
+    stage = converge.stage_command(files, changes, {"test": "truncated"}, {"id": "20260101T000000Z-truncate"}, 5)
+    half = replace(stage, stdin=stage.stdin[: len(stage.stdin) // 2], check=False)
     with connect(Target.from_host(host.name, host.address, host.port, host.user, host.vars)) as session:
-        result = session.run(converge.apply_script(files, changes), stdin=data[: len(data) // 2], check=False)
+        result = session.run(half)
     assert result.code != 0
     assert lab.ssh("a10-1", f"sha256sum {UNITS_GLOB}").stdout == before
     leftovers = lab.ssh("a10-1", "ls -a /etc/systemd/system /etc/ernie-deploy /var/lib/ernie-deploy").stdout
@@ -327,6 +329,20 @@ def test_host_behind_a_jump_host_is_reached_through_it(capsys: pytest.CaptureFix
         assert rc == 0 and host["error"] is None, host
         assert [g["name"] for g in host["facts"]["gpus"]] == ["NVIDIA A10", "NVIDIA A10"]
 
+        # Deploy and verify through the jump host: the restart's readiness watch and every HTTP probe
+        # (/health, /v1/models, the completion) travel through the SSH session, never from the controller.
+        changed = write_inventory(deployed, tmp_path, **{"a10-2": {**via_jump, "vllm_max_model_len": 1280}})
+        rc, hosts = deploy(capsys, changed, "--limit", "a10-2")
+        assert rc == 0 and hosts["a10-2"]["status"] == "changed", hosts
+        assert "ready ernie-vllm-0" in [s["name"] for s in hosts["a10-2"]["steps"]]
+        capsys.readouterr()
+        rc = main(["verify", "-i", str(changed), "--limit", "a10-2", "--json"])
+        (verified,) = json.loads(capsys.readouterr().out)["hosts"]
+        checks = {c["name"]: c for c in verified["checks"]}
+        assert rc == 0, verified
+        assert checks["http_health"]["status"] == "pass"
+        assert checks["http_models"]["status"] == "pass" and verified["remote_commands"] == 2
+
         command = (f"ssh -i {deployed.key} -o BatchMode=yes -o StrictHostKeyChecking=yes "
                    f"-o UserKnownHostsFile={known} -W %h:%p root@{jump.address}")
         via_command = {**behind, "ansible_ssh_common_args": f"-o 'ProxyCommand={command}'"}
@@ -365,3 +381,52 @@ def test_prune_removes_instances_no_longer_planned(capsys: pytest.CaptureFixture
     assert rc == 0 and hosts["a10-2"]["pruned"] == ["ernie-vllm-1.service"]
     assert lab.ssh("a10-2", "test -e /etc/systemd/system/ernie-vllm-1.service").returncode != 0
     assert lab.ssh("a10-2", "systemctl is-active ernie-vllm-1.service").stdout.strip() != "active"
+
+
+def test_releases_are_kept_on_the_host_and_restore_puts_files_back(
+        capsys: pytest.CaptureFixture[str], lab: Lab, deployed: LabState, tmp_path: Path) -> None:
+    """Each changing deploy records a release of every managed file (env files 0600); the newest
+    vllm_keep_releases stay; restoring one puts its files back and marks the unit pending, so the next
+    deploy restarts it to the plan even though nothing else changed."""
+    from ernie_deploy.inventory.inventory import load_inventory
+    from ernie_deploy.remote import releases
+
+    def inv(length: int) -> Path:
+        return write_inventory(deployed, tmp_path, **{"a10-1": {"vllm_max_model_len": length,
+                                                                "vllm_keep_releases": 2}})
+
+    ids = []
+    for length in (1024, 1152, 1280):
+        rc, hosts = deploy(capsys, inv(length), "--limit", "a10-1")
+        assert rc == 0 and hosts["a10-1"]["release"], hosts
+        ids.append(hosts["a10-1"]["release"])
+    host = load_inventory(inv(1280)).hosts["a10-1"]
+    with connect(Target.from_host(host.name, host.address, host.port, host.user, host.vars)) as session:
+        kept = releases.parse_list(session.run(releases.list_command()).text)
+        assert [r.id for r in kept] == ids[1:]  # the oldest was removed
+        assert sorted(kept[0].files) == ["/etc/ernie-deploy/ernie-vllm-0.env",
+                                         "/etc/systemd/system/ernie-vllm-0.service"]
+        stored = f"/var/lib/ernie-deploy/releases/{kept[0].id}/etc/ernie-deploy/ernie-vllm-0.env"
+        assert lab.ssh("a10-1", f"stat -c '%a %U' {stored}").stdout.strip() == "600 root"
+        session.run(releases.restore_command(kept[0], ("ernie-vllm-0.service",)))
+    assert "--max-model-len 1152" in lab.ssh("a10-1", "cat /etc/systemd/system/ernie-vllm-0.service").stdout
+    assert lab.ssh("a10-1", "cat /var/lib/ernie-deploy/pending").stdout.split() == ["ernie-vllm-0.service"]
+    rc, hosts = deploy(capsys, inv(1280), "--limit", "a10-1")
+    assert rc == 0 and hosts["a10-1"]["restarted"] == ["ernie-vllm-0.service"], hosts
+    assert "--max-model-len 1280" in lab.ssh("a10-1", "cat /etc/systemd/system/ernie-vllm-0.service").stdout
+    assert lab.ssh("a10-1", "cat /var/lib/ernie-deploy/pending").stdout.split() == []
+
+
+def test_staged_but_not_activated_units_are_restarted_by_the_next_deploy(
+        capsys: pytest.CaptureFixture[str], lab: Lab, deployed: LabState, tmp_path: Path) -> None:
+    """A run stopped between stage and activate: the files match the plan, but the running process does not;
+    the pending list makes the next deploy restart it instead of reporting nothing to change."""
+    inv = write_inventory(deployed, tmp_path, **{"a10-1": {"vllm_max_model_len": 1408}})
+    rc, _ = deploy(capsys, inv, "--limit", "a10-1")
+    assert rc == 0
+    lab.ssh("a10-1", "echo ernie-vllm-0.service > /var/lib/ernie-deploy/pending")  # as a stopped run leaves it
+    before = start_times(lab, "a10-1")
+    rc, hosts = deploy(capsys, inv, "--limit", "a10-1")
+    assert rc == 0 and hosts["a10-1"]["restarted"] == ["ernie-vllm-0.service"], hosts
+    assert "staged by an earlier run" in hosts["a10-1"]["reasons"]["ernie-vllm-0.service"]
+    assert start_times(lab, "a10-1") != before

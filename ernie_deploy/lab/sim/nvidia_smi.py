@@ -1,8 +1,8 @@
 """Simulated `nvidia-smi` for the rehearsal lab.
 
 Reads the host's GPUs from ``$ERNIE_LAB_ROOT/etc/ernie-lab/gpus.json`` and live usage registered by
-simulated vLLM processes under ``$ERNIE_LAB_ROOT/run/ernie-lab/gpu/``. Output formats follow the
-project reference (docs in /work/shared/reference/vllm.md §4) and the nvidia-smi man page.
+simulated vLLM processes under ``$ERNIE_LAB_ROOT/run/ernie-lab/gpu/``. Output formats follow
+docs/nvidia-smi.md and the nvidia-smi man page.
 
 Supported: no arguments (summary table), ``-L``, ``--query-gpu=…``, ``--query-compute-apps=…``,
 ``--format=csv[,noheader][,nounits]``, ``-i/--id``, ``topo -m``.
@@ -99,7 +99,7 @@ GPU_FIELDS: dict[str, Field] = {
 GPU_ALIASES = {"gpu_name": "name", "gpu_uuid": "uuid", "gpu_bus_id": "pci.bus_id"}
 
 # `--query-compute-apps`: the header for `used_memory` is `used_gpu_memory [MiB]` (from memory of real
-# output and third-party parsers; not in the project reference, so [UNVERIFIED] but widely relied on).
+# output and third-party parsers; not in docs/nvidia-smi.md, so [UNVERIFIED] but widely relied on).
 APP_FIELDS: dict[str, tuple[str, str]] = {
     "pid": ("pid", ""),
     "process_name": ("process_name", ""),

@@ -12,7 +12,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -199,7 +199,7 @@ def metrics_text(state: ServerState) -> str:
         def gauge(name: str, help_text: str, value: float) -> None:
             lines.extend([f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name}{{{labels}}} {float(value)}"])
 
-        def counter(name: str, help_text: str, samples: list[tuple[str, float]]) -> None:
+        def counter(name: str, help_text: str, samples: Sequence[tuple[str, float]]) -> None:
             lines.extend([f"# HELP {name}_total {help_text}", f"# TYPE {name}_total counter"])
             lines.extend(f"{name}_total{{{labels}{extra}}} {float(v)}" for extra, v in samples)
 

@@ -1,4 +1,5 @@
-"""Model facts and memory arithmetic of the simulated vLLM, implemented from the reference (§2a–§3).
+"""Model facts and memory arithmetic of the simulated vLLM, implemented from docs/vllm-facts.md
+(#max-model-length to #memory-model).
 
 Deliberately independent of the planner (ernie_deploy.*): if the two disagree, a lab test fails.
 """
@@ -16,7 +17,7 @@ from .vllm_versions import Profile
 GIB = 1024**3
 BLOCK_SIZE = 16
 
-# Config keys vLLM reads for the context length (reference §2a); the smallest one wins.
+# Config keys vLLM reads for the context length (docs/vllm-facts.md#max-model-length); the smallest one wins.
 LENGTH_KEYS = (
     "max_position_embeddings",
     "n_positions",
@@ -33,14 +34,15 @@ EXPERT_KEYS = ("moe_num_experts", "num_experts", "n_routed_experts", "num_local_
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
 
 # Our own memory constants (documented in README.md). They put ERNIE-4.5-0.3B at ~1.4 GiB of non-KV
-# memory per GPU, inside the reference's "roughly 1–2 GiB" estimate, and ~8x concurrency on an A10.
+# memory per GPU, inside the "roughly 1–2 GiB" estimate of docs/vllm-facts.md#memory-model, and ~8x
+# concurrency on an A10.
 NON_TORCH_BYTES = int(0.55 * GIB)  # CUDA context, cuBLAS workspaces
 NCCL_BYTES = int(0.20 * GIB)  # extra non-torch memory per GPU when TP > 1
 CUDAGRAPH_BYTES = int(0.25 * GIB)  # graph pools; 0.34 subtracts this estimate from the KV budget
 ACTIVATION_BYTES_PER_HIDDEN = 48  # bytes per (batched token × hidden unit) at the profiling peak
 LOGITS_BYTES = 4  # fp32 logits for one sampled token per sequence during profiling
 
-# A small registry subset: what we model plus a few common architectures (reference §1.3).
+# A small registry subset: what we model plus a few common architectures (docs/vllm-facts.md#vllm-model-registry).
 _COMMON_ARCHS = (
     "LlamaForCausalLM",
     "MistralForCausalLM",
@@ -256,7 +258,7 @@ def plan_memory(model: ModelInfo, total_bytes: int, s: EngineSettings, profile: 
 
 
 # ---------------------------------------------------------------------------------------------------
-# Error texts, verbatim from the reference where it quotes them.
+# Error texts, verbatim from docs/vllm-facts.md#start-up-errors where it quotes them.
 
 
 def heads_error(model: ModelInfo, tp: int) -> StartupError:
@@ -369,7 +371,8 @@ def kv_too_small_error(plan: MemoryPlan, max_model_len: int, util: float, profil
             "initializing the engine."
         )
     else:
-        # 0.34's `{hint}` text is not quoted in the reference; this hint is our [UNVERIFIED] stand-in.
+        # 0.34's `{hint}` text is not recorded in docs/vllm-facts.md#kv-cache-too-small; this hint is our
+        # [UNVERIFIED] stand-in.
         hint = f" Try increasing `gpu_memory_utilization` (currently {util})."
         text = (
             f"To serve at least one request with the model's max seq len ({max_model_len}), ({needed:.2f} GiB "

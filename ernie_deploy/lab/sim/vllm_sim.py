@@ -1,6 +1,6 @@
 """Simulated `vllm` CLI for the rehearsal lab (`vllm --version`, `vllm serve MODEL [flags]`).
 
-Faithful to the project reference (/work/shared/reference/vllm.md) for what a deployment sees: the
+Faithful to docs/vllm-facts.md for what a deployment sees: the
 flags per version, the start-up checks and their exact error texts, the log lines, the HTTP routes,
 the process tree (APIServer → EngineCore → Worker_TPk) and GPU memory visible in `nvidia-smi`.
 Nothing is computed on a GPU; see README.md for the knobs.
@@ -519,7 +519,10 @@ class Serve:
             raise kv_too_small_error(plan, max_len, self.gpu_util, self.profile)
 
     def _auto_fit(self, plan: MemoryPlan) -> None:
-        """0.34 `--max-model-len auto`: shrink to what the KV cache holds (log texts per the reference)."""
+        """0.34 `--max-model-len auto`: shrink to what the KV cache holds.
+
+        Log texts per docs/vllm-facts.md#max-model-length.
+        """
         fit = min(self.derived_len, plan.estimated_max_len())
         if fit >= self.derived_len:
             self.log.info(self.layout.engine, "kv_cache_utils.py:1203",

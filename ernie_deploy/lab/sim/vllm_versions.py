@@ -1,7 +1,8 @@
-"""Per-version behaviour of the simulated vLLM, from the project reference (§1.3, §2, §6).
+"""Per-version behaviour of the simulated vLLM, from docs/vllm-facts.md
+(#vllm-model-registry, #start-up-errors, #version-differences).
 
-Each profile states only differences the reference lists (or, where marked [UNVERIFIED], our best
-guess). A claimed version that has no profile of its own uses the nearest lower one.
+Each profile states only differences docs/vllm-facts.md#version-differences lists (or, where marked [UNVERIFIED],
+our best guess). A claimed version that has no profile of its own uses the nearest lower one.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ class Profile:
     # ≤0.13: "vLLM API server version %s"; ≥0.20: "vLLM server version %s, serving model %s".
     new_banner: bool = False
     kv_one_line: bool = False
-    kv_typo_models: bool = True  # "models's" until 0.27.1, "model's" in 0.34.0
+    kv_typo_models: bool = True  # "models's" up to 0.24, "model's" from 0.27.1
     # (APIServer pid=N) prefixes come from decorate_logs (0.10+). 0.9.2 prints bare lines and
     # "(VllmWorker rank=K pid=N)" for workers [UNVERIFIED: from memory of 0.9-era logs].
     decorated_logs: bool = True
@@ -83,7 +84,7 @@ PROFILES: dict[tuple[int, ...], Profile] = {
 }
 # club-3090#612 shows "(EngineCore pid=…)" with vLLM 0.24.0.
 PROFILES[(0, 24, 0)] = replace(PROFILES[(0, 20, 0)], version="0.24.0", engine_proc="EngineCore")
-# Reference §6: the KV-OOM message reads "model's" from 0.27.1 on.
+# docs/vllm-facts.md#version-differences: the KV-OOM message reads "model's" from 0.27.1 on.
 PROFILES[(0, 27, 1)] = replace(PROFILES[(0, 24, 0)], version="0.27.1", kv_typo_models=False)
 PROFILES[(0, 33, 0)] = replace(PROFILES[(0, 24, 0)], version="0.33.0", derived_len_float=True, kv_typo_models=False)
 PROFILES[(0, 34, 0)] = replace(
@@ -117,5 +118,5 @@ def profile_for(version: str) -> Profile:
 
 
 def has_ernie(version: str) -> bool:
-    """vLLM 0.9.1 and older ship no Ernie model at all (registry, reference §1.3)."""
+    """vLLM 0.9.1 and older ship no Ernie model at all (registry, docs/vllm-facts.md#vllm-model-registry)."""
     return version_tuple(version) >= (0, 9, 2)

@@ -1,0 +1,175 @@
+"""The fleet runner: work on many hosts phase by phase, in parallel, behind a per-host guard.
+
+Each host has a `HostRun` (its result, open session and lock) that lives across phases, so an operation can
+gather every host first and change them later, batch by batch. A phase runs a function on every host that
+has not finished (failed, unreachable, locked, skipped) in a thread pool of `forks`. The guard turns every
+error into that host's result: a user-facing error keeps its message and fix, an unexpected exception is a
+failed host whose traceback is logged (shown with -vvv). `--any-errors-fatal` and Ctrl-C set the abort
+event: hosts not started are skipped, running ones stop at their next check. `close` always runs, for
+every host, so locks are released and sessions closed after a failure or an interrupt too.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any
+
+from ernie_deploy.errors import DeployError
+from ernie_deploy.orchestration.results import HostResult, Status, Step
+from ernie_deploy.orchestration.transport import Connector, Progress, RemoteHost, Transport, target_for
+from ernie_deploy.remote.ssh import Failure, RemoteError
+
+log = logging.getLogger(__name__)
+
+
+class LockHeld(DeployError):
+    def __init__(self, holder: str, host: str) -> None:
+        super().__init__(f"deploy lock {holder}", where=host,
+                         hint="wait with --lock-wait SECONDS, or if that deploy is dead: "
+                              "ernie-deploy lock -i INV --limit HOST --break")
+
+
+@dataclass
+class HostRun:
+    host: RemoteHost
+    result: HostResult
+    session: Transport | None = None
+    lock_token: str | None = None  # set while this run holds the host's deploy lock
+    data: dict[str, Any] = field(default_factory=dict)  # what one phase leaves for the next (snapshot, since)
+
+
+@dataclass(frozen=True)
+class FleetOptions:
+    forks: int = 5
+    any_errors_fatal: bool = False
+    known_hosts: tuple[str, ...] = ()
+
+
+class Fleet:
+    def __init__(self, connector: Connector, options: FleetOptions, progress: Progress | None = None) -> None:
+        self.connector = connector
+        self.options = options
+        self.progress: Progress = progress or (lambda host, what: None)
+        self.abort = threading.Event()
+        self.interrupted = False
+
+    def runs(self, hosts: Sequence[RemoteHost]) -> list[HostRun]:
+        return [HostRun(h, HostResult(h.name)) for h in hosts]
+
+    def connect(self, run: HostRun) -> Transport:
+        if run.session is None:
+            self.progress(run.host.name, "connecting")
+            with self.step(run, "connect"):
+                run.session = self.connector(target_for(run.host, self.options.known_hosts))
+        return run.session
+
+    def step(self, run: HostRun, name: str) -> _StepTimer:
+        return _StepTimer(run.result, name)
+
+    def phase(self, runs: Sequence[HostRun], work: Callable[[HostRun], None]) -> None:
+        """Run `work` on every unfinished host; returns when all are done (also after Ctrl-C)."""
+        todo = [r for r in runs if not r.result.finished]
+        if not todo:
+            return
+        with ThreadPoolExecutor(max_workers=max(1, self.options.forks)) as pool:
+            futures: list[Future[None]] = [pool.submit(self._guarded, r, work) for r in todo]
+            try:
+                _wait_all(futures)
+            except KeyboardInterrupt:
+                # Ctrl-C reaches the main thread only: tell the workers, then let them finish cleanly.
+                self.interrupted = True
+                self.abort.set()
+                _wait_all(futures)
+
+    def _guarded(self, run: HostRun, work: Callable[[HostRun], None]) -> None:
+        result = run.result
+        started = time.monotonic()
+        try:
+            if self.abort.is_set():
+                why = "interrupted" if self.interrupted else "another host failed (--any-errors-fatal)"
+                if result.status is Status.OK:  # nothing changed on this host yet
+                    result.fail(Status.SKIPPED, f"skipped before changing anything: {why}")
+                else:
+                    result.fail(Status.FAILED, f"stopped after changing it: {why}", result.hint)
+                return
+            work(run)
+        except LockHeld as exc:
+            result.fail(Status.LOCKED, _message(run, exc), exc.hint)
+        except RemoteError as exc:
+            result.fail(Status.UNREACHABLE if exc.kind is Failure.UNREACHABLE else Status.FAILED, _message(run, exc),
+                        exc.hint)
+        except DeployError as exc:
+            result.fail(Status.FAILED, _message(run, exc), exc.hint)
+        except Exception as exc:  # the guard: one host's bug must not end the run without results
+            log.debug("%s: unexpected error", run.host.name, exc_info=True)
+            result.fail(Status.FAILED, f"unexpected error: {type(exc).__name__}: {exc}",
+                        "rerun with -vvv for the traceback, and report it")
+        finally:
+            result.seconds += time.monotonic() - started
+            # Set by the worker itself, so a free worker cannot pick up the next host first.
+            if self.options.any_errors_fatal and result.status in (Status.FAILED, Status.UNREACHABLE, Status.LOCKED):
+                self.abort.set()
+
+    def close(self, runs: Sequence[HostRun], release: Callable[[HostRun], None]) -> None:
+        """Release what each host holds and close its session; never skipped, never interrupted half-way."""
+
+        def one(run: HostRun) -> None:
+            if run.session is None:
+                return
+            try:
+                release(run)
+            except DeployError as exc:
+                run.result.evidence.append(f"could not release the deploy lock: {exc.message}")
+            except Exception:  # closing must reach every host
+                log.debug("%s: release failed", run.host.name, exc_info=True)
+            finally:
+                run.result.commands, run.result.command_log = run.session.commands, list(run.session.history)
+                run.session.close()
+
+        with ThreadPoolExecutor(max_workers=max(1, self.options.forks)) as pool:
+            futures = [pool.submit(one, r) for r in runs]
+            while True:
+                try:
+                    _wait_all(futures)
+                    break
+                except KeyboardInterrupt:
+                    self.interrupted = True  # a second Ctrl-C still lets every lock be released
+
+
+def _message(run: HostRun, exc: DeployError) -> str:
+    """The error's message, naming where it happened when that is not the host itself (a jump host)."""
+    where, host = exc.where or run.host.name, run.host.name
+    if where == host:
+        return exc.message
+    detail = where.removeprefix(host).strip() if where.startswith(host) else where  # "(jump host H:P)"
+    return f"{detail} {exc.message}"
+
+
+def _wait_all(futures: Sequence[Future[None]]) -> None:
+    """Wait in short slices: the main thread then runs Python's signal handlers (Ctrl-C) promptly."""
+    while wait(futures, timeout=0.2).not_done:
+        pass
+
+
+class _StepTimer:
+    """Records one step of a host: its time, and failed when the block raises."""
+
+    def __init__(self, result: HostResult, name: str) -> None:
+        self.step = Step(name, "ok")
+        self.result = result
+        self.started = 0.0
+
+    def __enter__(self) -> Step:
+        self.started = time.monotonic()
+        self.result.steps.append(self.step)
+        return self.step
+
+    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
+        self.step.seconds = time.monotonic() - self.started
+        if kind is not None:
+            self.step.status = "failed"

@@ -1,0 +1,51 @@
+"""Read-only and lock commands on many hosts through the fleet runner: facts, lock --show / --break."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ernie_deploy.orchestration.fleet import Fleet, HostRun
+from ernie_deploy.orchestration.results import HostResult, Status
+from ernie_deploy.orchestration.transport import RemoteHost
+from ernie_deploy.planning.plan import PlanContext, plan_host
+from ernie_deploy.remote import lock
+from ernie_deploy.remote.facts import HostFacts, gather_command, parse_facts
+
+
+def gather_facts(fleet: Fleet, ctx: PlanContext,
+                 hosts: Sequence[RemoteHost]) -> list[tuple[HostResult, HostFacts | None]]:
+    runs = fleet.runs(hosts)
+
+    def one(run: HostRun) -> None:
+        pre = plan_host(run.host, ctx)
+        session = fleet.connect(run)
+        with fleet.step(run, "facts"):
+            run.data["facts"] = parse_facts(session.run(gather_command(pre.model_path or "/nonexistent",
+                                                                       pre.bin or "vllm")).text)
+
+    try:
+        fleet.phase(runs, one)
+    finally:
+        fleet.close(runs, lambda run: None)
+    return [(r.result, r.data.get("facts")) for r in runs]
+
+
+def lock_state(fleet: Fleet, hosts: Sequence[RemoteHost], *, break_: bool) -> list[tuple[HostResult, str]]:
+    """Each host's lock holder (as described), breaking the lock when asked."""
+    runs = fleet.runs(hosts)
+
+    def one(run: HostRun) -> None:
+        session = fleet.connect(run)
+        with fleet.step(run, "break lock" if break_ else "show lock") as step:
+            text = session.run(lock.BREAK if break_ else lock.SHOW).text.strip()
+            info = lock.parse_info(text) if text else None
+            run.data["lock"] = (("broke lock " if break_ else "lock ") + info.describe()) if info else "no lock"
+            step.changed = break_ and info is not None
+        if step.changed:
+            run.result.status = Status.CHANGED
+
+    try:
+        fleet.phase(runs, one)
+    finally:
+        fleet.close(runs, lambda run: None)
+    return [(r.result, r.data.get("lock", "")) for r in runs]

@@ -1,0 +1,114 @@
+"""A host's snapshot, computed once per host: connect → (lock +) facts → plan → rendered files → changes.
+
+Deploy, verify and (later) rollouts and status start from it; `refresh` re-reads the facts right before a
+host is changed, because facts go stale during a long rollout.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import jinja2
+
+from ernie_deploy.orchestration.fleet import Fleet, HostRun, LockHeld
+from ernie_deploy.orchestration.results import Status
+from ernie_deploy.planning.findings import Severity
+from ernie_deploy.planning.plan import PlanContext, plan_host
+from ernie_deploy.planning.plantypes import Discovered, HostPlan
+from ernie_deploy.planning.render import RenderedFile, render_host
+from ernie_deploy.remote import converge, lock
+from ernie_deploy.remote.facts import HostFacts, gather_command, parse_facts
+from ernie_deploy.remote.ssh import Failure, RemoteError
+
+
+@dataclass
+class Snapshot:
+    plan: HostPlan
+    facts: HostFacts
+    files: list[RenderedFile]
+    changes: converge.Changes
+    taken: float  # time.monotonic() when the facts were read
+
+
+@dataclass(frozen=True)
+class SnapshotOptions:
+    lock: lock.LockInfo | None = None  # None: read-only (check mode, verify): take no lock
+    lock_wait: float = 0.0
+    prune: bool = False
+    render: bool = True
+
+
+def discovered(facts: HostFacts) -> Discovered:
+    names = {g.name for g in facts.gpus}
+    return Discovered(
+        gpu_name=facts.gpus[0].name if len(names) == 1 else (", ".join(sorted(names)) or None),
+        gpu_count=len(facts.gpus), gpu_memory_mib=min((g.memory_mib for g in facts.gpus), default=None),
+        nvlink=facts.nvlink, gpu_error=facts.gpu_error if facts.gpus or facts.gpu_error else "no GPUs listed",
+        model_config=facts.model_config, model_error=facts.model_error,
+        vllm_version=facts.vllm_version, vllm_error=facts.vllm_error,
+    )
+
+
+def take(fleet: Fleet, run: HostRun, ctx: PlanContext, templates: jinja2.Environment,
+         opts: SnapshotOptions) -> Snapshot | None:
+    """The host's snapshot, or None when its plan has errors (the result says so; nothing was touched)."""
+    host, result = run.host, run.result
+    pre = plan_host(host, ctx)  # inventory-only plan: paths for the facts script, input errors early
+    if any(f.code == "input" for f in pre.errors):
+        result.findings = pre.errors
+        result.fail(Status.FAILED, "the plan has errors; nothing was touched")
+        return None
+    session = fleet.connect(run)
+    fleet.progress(host.name, "gathering facts")
+    gather = gather_command(pre.model_path, pre.bin)
+    with fleet.step(run, "facts" if opts.lock is None else "lock + facts"):
+        text = session.run(gather).text if opts.lock is None else _lock_and_gather(fleet, run, opts, gather.script)
+    facts = parse_facts(text)
+    with fleet.step(run, "plan") as step:
+        plan = plan_host(host, ctx, discovered(facts))
+        result.findings = [f for f in plan.findings if f.severity is not Severity.INFO]
+        if not plan.ok:
+            step.status = "failed"
+            result.fail(Status.FAILED, "the plan has errors; nothing was touched")
+            return None
+    files = render_host(plan, templates) if opts.render else []
+    return Snapshot(plan, facts, files, converge.compute_changes(plan, files, facts, opts.prune), time.monotonic())
+
+
+def refresh(fleet: Fleet, run: HostRun, snap: Snapshot, prune: bool) -> Snapshot:
+    """Re-read the facts (the lock is held already) and recompute the changes against the same plan."""
+    assert run.session is not None
+    pre = snap.plan
+    with fleet.step(run, "facts (re-checked)"):
+        facts = parse_facts(run.session.run(gather_command(pre.model_path, pre.bin)).text)
+    return Snapshot(snap.plan, facts, snap.files, converge.compute_changes(snap.plan, snap.files, facts, prune),
+                    time.monotonic())
+
+
+def _lock_and_gather(fleet: Fleet, run: HostRun, opts: SnapshotOptions, gather: str) -> str:
+    """Take the lock and gather facts in one round trip; with --lock-wait retry the same atomic step."""
+    assert run.session is not None and opts.lock is not None
+    host = run.host.name
+    deadline = time.monotonic() + opts.lock_wait
+    delay = 1.0
+    while True:
+        r = run.session.run(lock.acquire_command(opts.lock, gather))
+        if r.code == 0:
+            run.lock_token = opts.lock.token
+            return r.text
+        if r.code != lock.HELD_EXIT:
+            raise RemoteError(Failure.COMMAND, f"taking the deploy lock failed ({r.code}): "
+                              f"{r.stderr.decode(errors='replace').strip()}", where=host)
+        holder = lock.parse_info(r.text.split("\n", 1)[1] if "\n" in r.text else "")
+        if time.monotonic() >= deadline or fleet.abort.is_set():
+            raise LockHeld(holder.describe() if holder else "held (no details file)", host)
+        fleet.progress(host, f"waiting for the deploy lock ({holder.describe() if holder else 'held'})")
+        time.sleep(min(delay, max(0.1, deadline - time.monotonic())))
+        delay = min(delay * 2, 10.0)
+
+
+def release_lock(run: HostRun) -> None:
+    if run.session is not None and run.lock_token is not None:
+        run.session.run(lock.release_command(run.lock_token))
+        run.lock_token = None

@@ -1,0 +1,32 @@
+"""Versioned JSON of multi-host results. A changed shape gets a new schema version."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ernie_deploy.orchestration.results import HostResult, Step
+
+# v2: each host carries its steps and the release a change recorded.
+RESULTS_SCHEMA = "ernie-deploy/deploy/v2"
+
+
+def step_json(s: Step) -> dict[str, Any]:
+    return {"name": s.name, "status": s.status, "seconds": round(s.seconds, 3), "evidence": s.evidence,
+            "changed": s.changed}
+
+
+def host_json(r: HostResult) -> dict[str, Any]:
+    return {
+        "host": r.host, "status": r.status.value, "message": r.message, "hint": r.hint,
+        "changed_files": r.changed_files, "restarted": r.restarted, "started": r.started,
+        "enabled": r.enabled, "pruned": r.pruned, "reasons": r.reasons, "diffs": r.diffs,
+        "findings": [f.to_json() for f in r.findings], "evidence": r.evidence,
+        "checks": [c.to_json() for c in r.checks], "steps": [step_json(s) for s in r.steps],
+        "release": r.release, "remote_commands": r.commands, "seconds": round(r.seconds, 3),
+    }
+
+
+def results_document(command: str, results: Sequence[HostResult], exit_code: int, **extra: Any) -> dict[str, Any]:
+    return {"schema": RESULTS_SCHEMA, "command": command, **extra, "exit_code": exit_code,
+            "hosts": [host_json(r) for r in results]}

@@ -1,0 +1,78 @@
+"""The readiness state machine, step by step, with an injected clock: no host, no sleeping."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ernie_deploy.orchestration.readiness import Observation, Readiness, Spec, State, Wait, step
+from ernie_deploy.remote.http import Answer
+from ernie_deploy.remote.probe import UnitProbe
+from ernie_deploy.remote.systemd import UnitState
+
+LOGS = Path(__file__).parent / "fixtures" / "logs" / "sim"
+SPEC = Spec("ernie-vllm-0", {"unit": "ernie-vllm-0.service", "tensor_parallel_size": 1, "max_model_len": 4096},
+            budget=60, stable=3)
+REFUSED = Answer(None, b"", "[Errno 111] Connection refused", 0.0)
+OK = Answer(200, b"", None, 0.01)
+
+
+def unit(active: str = "active", restarts: int = 0, journal: list[str] | None = None,
+         result: str = "success") -> UnitProbe:
+    return UnitProbe(UnitState(name="ernie-vllm-0.service", active_state=active, sub_state="running",
+                               n_restarts=restarts, result=result), journal or [])
+
+
+def obs(at: float, u: UnitProbe, health: Answer | None = OK, serving: bool | None = True,
+        aborted: bool = False) -> Observation:
+    return Observation(at, u, health, serving, aborted)
+
+
+def test_ready_only_after_the_stability_window() -> None:
+    state = State(started=0)
+    assert step(state, obs(1, unit(), REFUSED, None), SPEC) == Wait(ask_serving=True)
+    assert step(state, obs(2, unit(), OK, True), SPEC) == Wait(ask_serving=False)  # healthy since 2
+    assert step(state, obs(4, unit(), OK, None), SPEC) == Wait(ask_serving=False)
+    verdict = step(state, obs(5, unit(), OK, None), SPEC)
+    assert isinstance(verdict, Readiness) and verdict.status == "ready" and verdict.seconds == 5
+
+
+def test_health_lost_inside_the_window_starts_it_again() -> None:
+    state = State(started=0)
+    step(state, obs(1, unit(), OK, True), SPEC)
+    assert step(state, obs(2, unit(), REFUSED, None), SPEC) == Wait(ask_serving=True)
+    assert step(state, obs(4.5, unit(), OK, True), SPEC) == Wait(ask_serving=False)
+    assert isinstance(step(state, obs(7.5, unit(), OK, None), SPEC), Readiness)
+
+
+def test_serving_must_be_confirmed_before_the_window_starts() -> None:
+    state = State(started=0)
+    for t in (1, 2, 3, 4, 5):
+        assert step(state, obs(t, unit(), OK, False), SPEC) == Wait(ask_serving=True)
+
+
+def test_fatal_journal_line_ends_the_wait_at_once() -> None:
+    lines = [x for x in (LOGS / "fault-0.34.0-kv_cache.log").read_text().splitlines() if not x.startswith("#")]
+    verdict = step(State(started=0), obs(1, unit("activating", journal=lines), None, None), SPEC)
+    assert isinstance(verdict, Readiness) and verdict.status == "failed" and verdict.evidence
+
+
+def test_crash_loop_counts_restarts_since_the_watch_began() -> None:
+    state = State(started=0)
+    assert isinstance(step(state, obs(1, unit("activating", restarts=3), None, None), SPEC), Wait)
+    assert isinstance(step(state, obs(2, unit("activating", restarts=4), None, None), SPEC), Wait)
+    verdict = step(state, obs(3, unit("activating", restarts=5), None, None), SPEC)
+    assert isinstance(verdict, Readiness) and "crash loop" in verdict.summary and "2 times" in verdict.summary
+
+
+def test_dead_engine_and_failed_unit() -> None:
+    dead = step(State(started=0), obs(1, unit(), Answer(503, b"", None, 0.0), None), SPEC)
+    assert isinstance(dead, Readiness) and "503" in dead.summary
+    failed = step(State(started=0), obs(1, unit("failed", result="exit-code"), None, None), SPEC)
+    assert isinstance(failed, Readiness) and failed.summary == "ernie-vllm-0 failed (exit-code)"
+
+
+def test_budget_and_abort() -> None:
+    timeout = step(State(started=0), obs(60, unit("activating"), None, None), SPEC)
+    assert isinstance(timeout, Readiness) and timeout.status == "timeout"
+    aborted = step(State(started=0), obs(1, unit("activating"), None, None, aborted=True), SPEC)
+    assert isinstance(aborted, Readiness) and aborted.status == "failed" and "aborted" in aborted.summary
