@@ -79,6 +79,7 @@ class FakeHost:
         units = "\n\n".join(self.show(u) for u in self.unit_names())
         return (f"\n{MARK}gpus\n{gpus}\nrc=0\n{MARK}topo\n\n{MARK}systemd\nsystemd 252\n"
                 f"{MARK}files\n{hashes}\n{MARK}units\n{units}\n"
+                f"{MARK}now\n{10**9}\n{MARK}health\n" + "".join(f"{u} 200\n" for u in self.active) +
                 f"{MARK}model\n{CONFIG}\nrc=0\n{MARK}vllm\n0.34.0\nrc=0\n{MARK}pending\n"
                 + "\n".join(sorted(self.pending)) + f"\n{MARK}end\n")
 
@@ -113,7 +114,9 @@ class FakeHost:
         for u in cmd.units:
             self.active[u] = self.active.get(u, 0) + 1
             self.pending.discard(u)
-        return f"{MARK}restart-at 1700000000.0\n" if cmd.units and self.restart_marker else ""
+        if not self.restart_marker:
+            return ""
+        return "".join(f"{MARK}started {u} run-{self.active[u]} 0\n" for u in cmd.units)
 
     def probe(self, cmd: Command) -> str:
         requests = json.loads(cmd.stdin)["requests"] if cmd.stdin else []
@@ -123,7 +126,7 @@ class FakeHost:
         apps, used = [], {}
         for u in cmd.units:
             state = self.show(u) if u in self.unit_names() else f"Id={u}\nLoadState=not-found"
-            out += [f"{MARK}unit {u}", state, f"{MARK}journal {u}"]
+            out += [f"{MARK}unit {u}", state, f"{MARK}journal {u} run-{self.active.get(u, 0)}"]
             if u in self.active:
                 unit = self.unit(u)
                 out += [*startup_journal(unit.tp, unit.max_len), "-- cursor: s=1"]

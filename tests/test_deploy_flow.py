@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import _thread
 import re
+import signal
 import threading
 import time
 from pathlib import Path
@@ -177,7 +178,7 @@ def test_ctrl_c_prints_every_host_and_releases_every_lock(tmp_path: Path) -> Non
     fakes = {"a": Interrupting(), "b": FakeHost(), "c": FakeHost()}
     run = runner(fakes, forks=1, stable=10)  # still watching a when Ctrl-C comes
     results = run.run(inventory(tmp_path, {"a": {}, "b": {}, "c": {}}))
-    assert run.interrupted and exit_code(results, run.interrupted) == ExitCode.INTERRUPTED
+    assert run.stopped_by == signal.SIGINT and exit_code(results, run.stopped_by) == ExitCode.INTERRUPTED
     assert [r.host for r in results] == ["a", "b", "c"]
     assert results[0].status is Status.FAILED and "aborted" in results[0].message
     assert {r.status for r in results[1:]} <= {Status.SKIPPED, Status.CHANGED}

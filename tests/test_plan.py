@@ -164,7 +164,11 @@ def test_instances_get_own_gpus_ports_units_names(plan_one: Plan) -> None:
     assert (a.gpus, b.gpus) == ((0, 1), (2, 3))
     assert (a.port, b.port) == (8000, 8001)
     assert (a.unit, b.unit) == ("ernie-vllm-0", "ernie-vllm-1")
-    assert (a.served_model_name, b.served_model_name) == ("ERNIE-4.5-0.3B-PT", "ERNIE-4.5-0.3B-PT-1")
+    # Replicas serve one name by default (one load balancer in front); the suffix is opt-in.
+    assert (a.served_model_name, b.served_model_name) == ("ERNIE-4.5-0.3B-PT", "ERNIE-4.5-0.3B-PT")
+    suffixed = plan_one(**A10, gpu_count=4, vllm_instances=2, vllm_tensor_parallel_size=2,
+                        vllm_served_model_name_suffix=True)
+    assert [i.served_model_name for i in suffixed.instances] == ["ERNIE-4.5-0.3B-PT", "ERNIE-4.5-0.3B-PT-1"]
 
 
 def test_instances_never_share_gpus_unless_asked(plan_one: Plan) -> None:

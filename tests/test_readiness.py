@@ -56,12 +56,24 @@ def test_fatal_journal_line_ends_the_wait_at_once() -> None:
     assert isinstance(verdict, Readiness) and verdict.status == "failed" and verdict.evidence
 
 
-def test_crash_loop_counts_restarts_since_the_watch_began() -> None:
-    state = State(started=0)
+def test_crash_loop_counts_restarts_after_the_deploys_own_restart() -> None:
+    state = State(started=0, invocation="run-1", restarts=3)  # NRestarts activate printed after its restart
     assert isinstance(step(state, obs(1, unit("activating", restarts=3), None, None), SPEC), Wait)
     assert isinstance(step(state, obs(2, unit("activating", restarts=4), None, None), SPEC), Wait)
     verdict = step(state, obs(3, unit("activating", restarts=5), None, None), SPEC)
     assert isinstance(verdict, Readiness) and "crash loop" in verdict.summary and "2 times" in verdict.summary
+
+
+def test_a_new_run_is_read_from_its_start_and_old_runs_never_count() -> None:
+    """The journal comes per run (InvocationID): the watch follows a new run from its first line and keeps
+    the cursor only within one run."""
+    state = State(started=0, invocation="run-1")
+    first = UnitProbe(UnitState(active_state="active", sub_state="running"), ["loading"], "c1", "run-1")
+    assert isinstance(step(state, obs(1, first, REFUSED, None), SPEC), Wait)
+    assert (state.invocation, state.cursor) == ("run-1", "c1")
+    again = UnitProbe(UnitState(active_state="activating", n_restarts=1), ["starting again"], "c9", "run-2")
+    assert isinstance(step(state, obs(2, again, None, None), SPEC), Wait)
+    assert (state.invocation, state.cursor, state.journal) == ("run-2", "c9", ["loading", "starting again"])
 
 
 def test_dead_engine_and_failed_unit() -> None:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import ROOT
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -202,3 +203,39 @@ def test_render_files_have_modes_on_disk(tmp_path: Path) -> None:
     assert stat.S_IMODE(env.stat().st_mode) == 0o600
     assert (out / "gpu-a10-01.dc1/etc/systemd/system/ernie-vllm-0.service").is_file()
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no staging leftovers
+
+
+@pytest.mark.parametrize(("var", "value", "message"), [
+    ("vllm_served_model_name", "evil\nExecStartPre=/bin/rm -rf /", "control character"),
+    ("vllm_model", "--trust-remote-code/ERNIE-4.5-0.3B-PT", "must not be empty or start with '-'"),
+    ("vllm_bin", "vllm", "vllm_bin must be an absolute path"),
+    ("vllm_user", "root\nUser=x", "not a valid user name"),
+    ("vllm_env", {"CUDA_VISIBLE_DEVICES": "7"}, "must not set CUDA_VISIBLE_DEVICES"),
+    ("hf_token", "a\nb", "control character"),
+])
+def test_plan_refuses_what_render_refuses(plan_one: Plan, var: str, value: object, message: str) -> None:
+    """One validation: the value render would refuse is already an error of the plan, with the same text."""
+    p = plan_one(**A10, **{var: value})
+    assert not p.ok
+    (finding,) = [f for f in p.errors if f.code == "unsafe-value"]
+    assert re.search(message, finding.message)
+
+
+@pytest.mark.parametrize("var", ["hf_token", "vllm_api_key"])
+def test_secret_values_never_reach_a_message(plan_one: Plan, var: str, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from ernie_deploy.cli.main import main
+
+    secret = "hf_abcSECRET\nX"
+    p = plan_one(**A10, **{var: secret})
+    texts = [f.message + (f.fix or "") for f in p.findings]
+    with pytest.raises(RenderError) as err:
+        render_host(p, ENV)
+    texts.append(str(err.value))
+    inv = tmp_path / "inv.yml"
+    inv.write_text(yaml.safe_dump({"all": {"hosts": {"h": {**A10, var: secret}}}}))
+    for command in (["plan", "--json"], ["render", "-o", str(tmp_path / "out"), "--json"], ["plan"]):
+        main([command[0], "-i", str(inv), *command[1:]])
+        captured = capsys.readouterr()
+        texts += [captured.out, captured.err]
+    assert not [t for t in texts if "SECRET" in t or "hf_abc" in t]

@@ -119,3 +119,19 @@ def test_changed_jump_host_key_names_the_jump_host(tmp_path: Path, monkeypatch: 
     assert err.value.kind is Failure.HOST_KEY
     assert "host key for jump host [b1]:2222 CHANGED" in err.value.message
     assert "ssh-keygen -R [b1]:2222" in (err.value.hint or "") and "10.0.0.5" not in (err.value.hint or "")
+
+
+def test_connection_failures_say_why() -> None:
+    """Not `[Errno None] Unable to connect`: refused, timed out, no route, name not resolved."""
+    import errno
+    import socket
+
+    from paramiko.ssh_exception import NoValidConnectionsError
+
+    from ernie_deploy.remote.ssh import connection_reason
+
+    refused = NoValidConnectionsError({("127.0.0.1", 22): OSError(errno.ECONNREFUSED, "Connection refused")})
+    assert connection_reason(refused) == "connection refused (nothing listens on that port)"
+    assert connection_reason(OSError(errno.EHOSTUNREACH, "x")) == "no route to host"
+    assert connection_reason(TimeoutError()) == "connection timed out"
+    assert connection_reason(socket.gaierror(-2, "Name or service not known")).startswith("host name not resolved")

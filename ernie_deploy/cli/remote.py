@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -53,8 +54,10 @@ def _connector(args: argparse.Namespace) -> Connector:
     policy = HostKeyPolicy(args.host_key_policy)
     if policy is HostKeyPolicy.ACCEPT_NEW:
         log.warning("host key policy accept-new: unknown host keys will be recorded")
-        console.err.print("warning: --host-key-policy accept-new records unknown host keys", markup=False)
-    return partial(connect, policy=policy, timeout=args.connect_timeout)
+        dry = " (check mode: it only says what it would record)" if getattr(args, "check", False) else ""
+        console.err.print("warning: --host-key-policy accept-new records unknown host keys" + dry, markup=False)
+    # Check mode changes nothing, the controller's known_hosts included.
+    return partial(connect, policy=policy, timeout=args.connect_timeout, record=not getattr(args, "check", False))
 
 
 def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
@@ -107,7 +110,10 @@ def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
     _ssh_options(p)
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--show", action="store_true")
-    mode.add_argument("--break", dest="break_", action="store_true")
+    mode.add_argument("--break", dest="break_", action="store_true",
+                      help="remove the lock; refused while its holder may still run, unless --force")
+    p.add_argument("--force", action="store_true",
+                   help="with --break: break even a lock whose holder may still run (another controller's)")
     p.set_defaults(func=cmd_lock)
 
 
@@ -122,8 +128,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     with console.HostProgress("deploy" + (" (check mode)" if args.check else "")) as progress:
         runner.fleet.progress = progress.update
         results = runner.run(hosts)
-    code = exit_code(results, runner.interrupted)
-    _say_interrupted(runner.interrupted)
+    code = exit_code(results, runner.stopped_by)
+    _say_stopped(runner.stopped_by)
     if args.json:
         console.print_json(document("deploy", results, code, check=args.check))
     else:
@@ -139,8 +145,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     with console.HostProgress("verify") as progress:
         verifier.fleet.progress = progress.update
         results = verifier.run(hosts)
-    code = exit_code(results, verifier.interrupted)
-    _say_interrupted(verifier.interrupted)
+    code = exit_code(results, verifier.stopped_by)
+    _say_stopped(verifier.stopped_by)
     if args.junit:
         args.junit.write_text(to_junit({r.host: r.checks or [_unreached(r)] for r in results}))
     if args.json:
@@ -151,10 +157,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return code
 
 
-def _say_interrupted(interrupted: bool) -> None:
-    if interrupted:
-        console.err.print("interrupted: every host's result follows; the deploy locks taken were released",
-                          markup=False)
+def _say_stopped(signum: int | None) -> None:
+    if signum is not None:
+        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        console.err.print(f"interrupted ({name}): no new host was started, every lock taken was released; "
+                          "each host's result follows", markup=False)
 
 
 def _unreached(r: HostResult) -> CheckResult:
@@ -192,7 +199,7 @@ def cmd_facts(args: argparse.Namespace) -> int:
 
 def cmd_lock(args: argparse.Namespace) -> int:
     _, _, hosts = _targets(args)
-    results = lock_state(Fleet(_connector(args), _fleet_options(args)), hosts, break_=args.break_)
+    results = lock_state(Fleet(_connector(args), _fleet_options(args)), hosts, break_=args.break_, force=args.force)
     for r, state in results:
         console.out.print(f"{r.host}: {_error(r) or state}", markup=False)
-    return ExitCode.UNREACHABLE if any(r.finished for r, _ in results) else ExitCode.OK
+    return exit_code([r for r, _ in results])

@@ -217,7 +217,7 @@ class Inventory:
             raise InventoryError(f"no host named '{name}' in the inventory", where=self._shown,
                                  hint="pass a host name exactly as `ansible-inventory --list` shows it")
         # Unlike --list, --host prints `!unsafe` strings as plain strings.
-        return copy.deepcopy(dict(self.hosts[name].vars))
+        return dict(to_json(dict(self.hosts[name].vars), mark_unsafe=False))
 
     def graph(self, group: str = "all", with_vars: bool = False) -> str:
         """The text `ansible-inventory -i FILE --graph [GROUP] [--vars]` prints."""

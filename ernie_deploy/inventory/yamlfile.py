@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from datetime import date, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -79,14 +81,27 @@ def plain(value: Any) -> Any:
     return value
 
 
-def to_json(value: Any) -> Any:
-    """Shape a value the way `ansible-inventory --list` does (`!unsafe` becomes a marker dict)."""
+def json_key(key: Any) -> str:
+    """A mapping key as JSON writes it, which is what `ansible-inventory --list` prints (0 → "0", true → "true",
+    null → "null"); YAML allows any scalar as a key, JSON only strings."""
+    if isinstance(key, str):
+        return key
+    if isinstance(key, (date, datetime)):
+        return key.isoformat()
+    return json.dumps(key) if isinstance(key, (bool, int, float)) or key is None else str(key)
+
+
+def to_json(value: Any, *, mark_unsafe: bool = True) -> Any:
+    """Shape a value the way `ansible-inventory --list` does (`!unsafe` becomes a marker dict; `--host` prints
+    it as a plain string: mark_unsafe=False)."""
     if isinstance(value, Unsafe):
-        return {"__ansible_unsafe": str(value)}
+        return {"__ansible_unsafe": str(value)} if mark_unsafe else str(value)
     if isinstance(value, dict):
-        return {k: to_json(v) for k, v in value.items()}
+        return {json_key(k): to_json(v, mark_unsafe=mark_unsafe) for k, v in value.items()}
     if isinstance(value, list):
-        return [to_json(v) for v in value]
+        return [to_json(v, mark_unsafe=mark_unsafe) for v in value]
+    if isinstance(value, (date, datetime)):  # YAML timestamps: ansible-inventory prints them as ISO text
+        return value.isoformat()
     return value
 
 

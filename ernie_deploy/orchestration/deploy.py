@@ -17,12 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ernie_deploy.checks.playbook import Expectations
+from ernie_deploy.checks.result import CheckResult
 from ernie_deploy.orchestration import readiness
 from ernie_deploy.orchestration.fleet import Fleet, FleetOptions, HostRun
 from ernie_deploy.orchestration.instancecheck import api_key, instance_checks, requests_for
 from ernie_deploy.orchestration.results import HostResult, Status
 from ernie_deploy.orchestration.snapshot import Snapshot, SnapshotOptions, refresh, release_lock, take
-from ernie_deploy.orchestration.transport import Connector, Progress, RemoteHost
+from ernie_deploy.orchestration.transport import Connector, Progress, RemoteHost, Transport
 from ernie_deploy.planning.plan import PlanContext
 from ernie_deploy.planning.plantypes import InstancePlan
 from ernie_deploy.planning.render import environment_for_templates, templates_dir
@@ -43,7 +44,7 @@ class Options:
     known_hosts: tuple[str, ...] = ()
     templates: Path | None = None  # None: the bundled templates
     recheck_after: float = 30.0  # re-read a host's facts before changing it when its snapshot is older
-    stable: float = 3.0  # seconds an instance must stay healthy after it first answered
+    stable: float | None = None  # seconds an instance must stay healthy (None: each host's vllm_stable_seconds)
     poll: float = 0.5  # seconds between readiness polls
 
 
@@ -61,8 +62,9 @@ class Runner:
         self.expectations = expectations or Expectations()
 
     @property
-    def interrupted(self) -> bool:
-        return self.fleet.interrupted
+    def stopped_by(self) -> int | None:
+        """The signal that stopped the run (Ctrl-C: SIGINT), or None."""
+        return self.fleet.signal
 
     def run(self, hosts: Sequence[RemoteHost]) -> list[HostResult]:
         runs = self.fleet.runs(hosts)
@@ -92,27 +94,60 @@ class Runner:
         result.changed_files = [c.path for c in changes.files]
         result.restarted, result.started = list(changes.restart), list(changes.start)
         result.enabled, result.pruned, result.reasons = list(changes.enable), list(changes.prune), changes.reasons
-        if opts.diff and changes.files:
-            existing = [c.path for c in changes.files if c.old_sha256]
-            old = converge.parse_read(session.run(converge.read_command(existing)).text) if existing else {}
-            by_path = {f.path: f for f in snap.files}
-            result.diffs = [converge.unified_diff(c.path, old.get(c.path) if c.old_sha256 else None,
-                                                  by_path[c.path].content, c.secret) for c in changes.files]
+        result.leftover, result.dropins = list(changes.leftover), list(changes.dropins)
+        if opts.diff and (changes.files or changes.dropins):
+            result.diffs = self._diffs(session, snap)
+        blocked = self._blocked(snap)
+        if blocked is not None:
+            message, hint = blocked
+            result.fail(Status.FAILED, message + (" (check mode)" if opts.check else ""), hint)
+            return
+        leftover = f"; not in the plan (remove with --prune): {', '.join(changes.leftover)}" \
+            if changes.leftover and not opts.prune else ""
         if changes.empty:
-            result.status, result.message = Status.OK, "nothing to change: units and env files match, all running"
+            result.status = Status.OK
+            result.message = "nothing to change: units and env files match, all serving" + leftover
             return
         result.status = Status.CHANGED
         if opts.check:
-            result.message = "would change (check mode: nothing was touched)"
+            result.message = "would change (check mode: nothing was touched)" + leftover
             return
         if self.fleet.abort.is_set():
             result.fail(Status.SKIPPED, "skipped before changing anything: run aborted")
             return
-        since = self._stage_and_activate(run, snap)
+        launched = self._stage_and_activate(run, snap)
         started = [i for i in snap.plan.instances if f"{i.unit}.service" in changes.units]
-        if started and not self._verify_started(run, snap, started, since):
+        if started and not self._verify_started(run, snap, started, launched):
             return
-        result.message = "changed; every (re)started instance verified" if started else "changed"
+        result.message = ("changed; every (re)started instance verified" if started else "changed") + leftover
+
+    def _blocked(self, snap: Snapshot) -> tuple[str, str] | None:
+        """Why this host must not be changed at all (message, fix), decided before anything is touched."""
+        changes, facts = snap.changes, snap.facts
+        if changes.dropins and not self.options.prune:
+            return (f"drop-in files override managed units: {', '.join(changes.dropins)}",
+                    "they change what runs without the plan knowing (systemctl edit?): fold the setting into the "
+                    "inventory and rerun with --prune to remove them, or delete them yourself")
+        if self.options.prune:
+            return None
+        needed = {g for inst in snap.plan.instances for g in inst.gpus}
+        for unit in changes.leftover:
+            state = facts.units.get(unit)
+            held = sorted(needed & set(facts.unit_gpus.get(unit, ())))
+            if state is not None and state.active_state in converge.RUNNING and held:
+                return (f"{unit} is not in the plan but runs on GPU(s) {', '.join(map(str, held))}, which the plan "
+                        "needs", f"rerun with --prune to stop and remove {unit} (or stop it yourself)")
+        return None
+
+    def _diffs(self, session: Transport, snap: Snapshot) -> list[str]:
+        changes = snap.changes
+        existing = [c.path for c in changes.files if c.old_sha256] + list(changes.dropins)
+        old = converge.parse_read(session.run(converge.read_command(existing)).text) if existing else {}
+        by_path = {f.path: f for f in snap.files}
+        diffs = [converge.unified_diff(c.path, old.get(c.path) if c.old_sha256 else None, by_path[c.path].content,
+                                       c.secret) for c in changes.files]
+        return diffs + [converge.unified_diff(d, old.get(d, ""), "", False, new_label="removed with --prune")
+                        for d in changes.dropins]
 
     def _audit(self, run: HostRun, action: str, changes: converge.Changes) -> dict[str, object]:
         return {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "user": self.lock.user,
@@ -122,8 +157,8 @@ class Runner:
                           for c in changes.files],
                 "restart": list(changes.restart), "start": list(changes.start), "prune": list(changes.prune)}
 
-    def _stage_and_activate(self, run: HostRun, snap: Snapshot) -> str | None:
-        """Stage the files (recording a release), then activate; the journal start of the (re)started units."""
+    def _stage_and_activate(self, run: HostRun, snap: Snapshot) -> dict[str, converge.Started]:
+        """Stage the files (recording a release), then activate; the new run of each (re)started unit."""
         assert run.session is not None
         changes, name = snap.changes, run.host.name
         if changes.files or changes.units:
@@ -141,26 +176,35 @@ class Runner:
         with self.fleet.step(run, "activate") as step:
             out = run.session.run(converge.activate_command(changes, self._audit(run, "activate", changes))).text
             step.changed = True
-            since = converge.restart_marker(out)
-            if changes.units and since is None:
-                # Nothing can be verified without knowing where this start's journal begins: never call it ok.
-                raise RemoteError(Failure.COMMAND, "activate printed no restart marker, so the (re)started units "
-                                  f"({', '.join(changes.units)}) could not be verified", where=name,
+            launched = converge.started_units(out)
+            missing = [u for u in changes.units if u not in launched]
+            if missing:
+                # Nothing can be verified without knowing which run to watch: never call it ok.
+                raise RemoteError(Failure.COMMAND, "activate printed no restart marker for "
+                                  f"{', '.join(missing)}, so the (re)started units could not be verified", where=name,
                                   hint="check that the host's shell runs the activate script unchanged "
                                        "(sudo wrappers that swallow output?), then deploy again")
-        return since
+            for unit in converge.killed_units(out):
+                run.result.checks.append(CheckResult(
+                    "stop", "warn", f"{unit}: the old process did not stop within TimeoutStopSec and was killed "
+                    "(SIGKILL): requests still in flight were cut", instance=unit.removesuffix(".service"),
+                    fix="raise vllm_drain_timeout if requests need longer to finish"))
+        return launched
 
     def _verify_started(self, run: HostRun, snap: Snapshot, started: list[InstancePlan],
-                        since: str | None) -> bool:
+                        launched: dict[str, converge.Started]) -> bool:
         """Readiness watch, then every instance check, for each (re)started instance. False on failure."""
-        assert run.session is not None and since is not None
+        assert run.session is not None
         plan, result = snap.plan, run.result
         budget = self.options.health_timeout or float(plan.settings["startup_budget"].value)
+        stable = self.options.stable if self.options.stable is not None else \
+            float(plan.settings["stable_seconds"].value)
         for inst in started:
             self.fleet.progress(plan.name, f"waiting for {inst.unit} to become ready")
             with self.fleet.step(run, f"ready {inst.unit}") as step:
-                ready = readiness.watch(run.session, plan, inst, since=since, budget=budget, exp=self.expectations,
-                                        abort=self.fleet.abort, stable=self.options.stable, poll=self.options.poll)
+                ready = readiness.watch(run.session, plan, inst, started=launched[f"{inst.unit}.service"],
+                                        budget=budget, exp=self.expectations, abort=self.fleet.abort, stable=stable,
+                                        poll=self.options.poll)
                 step.evidence = [ready.summary]
                 if ready.status != "ready":
                     step.status = "failed"

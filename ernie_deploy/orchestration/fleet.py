@@ -11,27 +11,35 @@ every host, so locks are released and sessions closed after a failure or an inte
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import queue
+import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ernie_deploy.errors import DeployError
 from ernie_deploy.orchestration.results import HostResult, Status, Step
 from ernie_deploy.orchestration.transport import Connector, Progress, RemoteHost, Transport, target_for
+from ernie_deploy.remote import lock
 from ernie_deploy.remote.ssh import Failure, RemoteError
 
 log = logging.getLogger(__name__)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class LockHeld(DeployError):
-    def __init__(self, holder: str, host: str) -> None:
-        super().__init__(f"deploy lock {holder}", where=host,
-                         hint="wait with --lock-wait SECONDS, or if that deploy is dead: "
-                              "ernie-deploy lock -i INV --limit HOST --break")
+    def __init__(self, holder: lock.LockInfo | None, host: str) -> None:
+        described = holder.describe() if holder else "held (no details file)"
+        if holder is not None and holder.liveness() == "dead":
+            hint = f"the holder is gone: ernie-deploy lock -i INV --limit {host} --break"
+        else:
+            hint = ("wait with --lock-wait SECONDS, or if that deploy is dead: "
+                    f"ernie-deploy lock -i INV --limit {host} --break")
+        super().__init__(f"deploy lock {described}", where=host, hint=hint)
 
 
 @dataclass
@@ -57,6 +65,7 @@ class Fleet:
         self.progress: Progress = progress or (lambda host, what: None)
         self.abort = threading.Event()
         self.interrupted = False
+        self.signal: int | None = None  # the signal that stopped the run (SIGINT for Ctrl-C)
 
     def runs(self, hosts: Sequence[RemoteHost]) -> list[HostRun]:
         return [HostRun(h, HostResult(h.name)) for h in hosts]
@@ -76,17 +85,71 @@ class Fleet:
         todo = [r for r in runs if not r.result.finished]
         if not todo:
             return
-        with ThreadPoolExecutor(max_workers=max(1, self.options.forks)) as pool:
-            futures: list[Future[None]] = [pool.submit(self._guarded, r, work) for r in todo]
-            try:
-                _wait_all(futures)
-            except KeyboardInterrupt:
-                # Ctrl-C reaches the main thread only: tell the workers, then let them finish cleanly.
-                self.interrupted = True
-                self.abort.set()
-                _wait_all(futures)
+        claimed: set[int] = set()  # runs a worker picked up
+        self._each(todo, lambda run: self._guarded(run, work, claimed))
+        for run in todo:  # every worker has finished: a host none picked up never started
+            if id(run) not in claimed:
+                run.result.fail(Status.SKIPPED, "skipped before changing anything: interrupted")
 
-    def _guarded(self, run: HostRun, work: Callable[[HostRun], None]) -> None:
+    def _each(self, runs: Sequence[HostRun], fn: Callable[[HostRun], None]) -> None:
+        """fn on every run, `forks` at a time; returns only when every worker has finished, also after a signal:
+        a phase must never return while a worker still changes a host."""
+        todo: queue.SimpleQueue[HostRun] = queue.SimpleQueue()
+        for run in runs:
+            todo.put(run)
+
+        count = min(max(1, self.options.forks), len(runs))
+        done = [threading.Event() for _ in range(count)]
+
+        def worker(k: int) -> None:
+            try:
+                while True:
+                    try:
+                        run = todo.get_nowait()
+                    except queue.Empty:
+                        return
+                    fn(run)
+            finally:
+                done[k].set()
+
+        with self._signals():
+            for k in range(count):
+                threading.Thread(target=worker, args=(k,), daemon=True, name=f"ernie-deploy-{k}").start()
+            for event in done:
+                while not event.wait(0.2):  # short slices: the main thread runs signal handlers promptly
+                    pass
+
+    @contextlib.contextmanager
+    def _signals(self) -> Iterator[None]:
+        """While workers run, Ctrl-C, SIGTERM and SIGHUP stop the run the same clean way: no new host is
+        started, running ones stop at their next check, every lock is released, every result printed.
+        The handlers only set flags, so a signal can never tear a half-started or half-counted worker."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+
+        def stop(signum: int, frame: object) -> None:
+            if self.signal is None:
+                self.signal = signum
+            self._interrupt()
+
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, stop)
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _interrupt(self) -> None:
+        self.interrupted = True
+        if self.signal is None:
+            self.signal = signal.SIGINT
+        self.abort.set()
+
+    def _guarded(self, run: HostRun, work: Callable[[HostRun], None], claimed: set[int]) -> None:
+        claimed.add(id(run))  # set.add is atomic under the GIL
         result = run.result
         started = time.monotonic()
         try:
@@ -105,6 +168,10 @@ class Fleet:
                         exc.hint)
         except DeployError as exc:
             result.fail(Status.FAILED, _message(run, exc), exc.hint)
+        except KeyboardInterrupt:  # normally the main thread's; should a worker see it, it means the same
+            self._interrupt()
+            result.fail(Status.FAILED if result.status is not Status.OK else Status.SKIPPED,
+                        "stopped: interrupted", result.hint)
         except Exception as exc:  # the guard: one host's bug must not end the run without results
             log.debug("%s: unexpected error", run.host.name, exc_info=True)
             result.fail(Status.FAILED, f"unexpected error: {type(exc).__name__}: {exc}",
@@ -131,14 +198,7 @@ class Fleet:
                 run.result.commands, run.result.command_log = run.session.commands, list(run.session.history)
                 run.session.close()
 
-        with ThreadPoolExecutor(max_workers=max(1, self.options.forks)) as pool:
-            futures = [pool.submit(one, r) for r in runs]
-            while True:
-                try:
-                    _wait_all(futures)
-                    break
-                except KeyboardInterrupt:
-                    self.interrupted = True  # a second Ctrl-C still lets every lock be released
+        self._each(runs, one)
 
 
 def _message(run: HostRun, exc: DeployError) -> str:
@@ -148,12 +208,6 @@ def _message(run: HostRun, exc: DeployError) -> str:
         return exc.message
     detail = where.removeprefix(host).strip() if where.startswith(host) else where  # "(jump host H:P)"
     return f"{detail} {exc.message}"
-
-
-def _wait_all(futures: Sequence[Future[None]]) -> None:
-    """Wait in short slices: the main thread then runs Python's signal handlers (Ctrl-C) promptly."""
-    while wait(futures, timeout=0.2).not_done:
-        pass
 
 
 class _StepTimer:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ernie_deploy.errors import DeployError
 from ernie_deploy.orchestration.fleet import Fleet, HostRun
 from ernie_deploy.orchestration.results import HostResult, Status
 from ernie_deploy.orchestration.transport import RemoteHost
@@ -30,19 +31,29 @@ def gather_facts(fleet: Fleet, ctx: PlanContext,
     return [(r.result, r.data.get("facts")) for r in runs]
 
 
-def lock_state(fleet: Fleet, hosts: Sequence[RemoteHost], *, break_: bool) -> list[tuple[HostResult, str]]:
-    """Each host's lock holder (as described), breaking the lock when asked."""
+def lock_state(fleet: Fleet, hosts: Sequence[RemoteHost], *, break_: bool,
+               force: bool = False) -> list[tuple[HostResult, str]]:
+    """Each host's lock holder (as described), breaking the lock when asked: a holder that may still run
+    (alive on this controller, or on another controller, where its pid cannot be checked) only with force."""
     runs = fleet.runs(hosts)
 
     def one(run: HostRun) -> None:
         session = fleet.connect(run)
-        with fleet.step(run, "break lock" if break_ else "show lock") as step:
-            text = session.run(lock.BREAK if break_ else lock.SHOW).text.strip()
+        with fleet.step(run, "show lock") as step:
+            text = session.run(lock.SHOW).text.strip()
             info = lock.parse_info(text) if text else None
-            run.data["lock"] = (("broke lock " if break_ else "lock ") + info.describe()) if info else "no lock"
-            step.changed = break_ and info is not None
-        if step.changed:
-            run.result.status = Status.CHANGED
+            run.data["lock"] = ("lock " + info.describe()) if info else ("no lock" if not text else "lock (unreadable)")
+        if not break_ or not text:
+            return
+        if info is not None and info.liveness() != "dead" and not force:
+            why = "still runs" if info.liveness() == "alive" else "may still run (another controller)"
+            raise DeployError(f"not breaking the lock: its holder {why}: {info.describe()}", where=run.host.name,
+                              hint="wait for that deploy to finish, or add --force if you know it is gone")
+        with fleet.step(run, "break lock") as step:
+            session.run(lock.break_command(info.token if info else None))
+            step.changed = True
+        run.data["lock"] = "broke " + run.data["lock"]
+        run.result.status = Status.CHANGED
 
     try:
         fleet.phase(runs, one)

@@ -41,9 +41,13 @@ def requests_for(plan: HostPlan, inst: InstancePlan, exp: Expectations, *, servi
                          timeout=60, data=judge.completion_request(inst.served_model_name, stream=exp.stream))]
 
 
-def systemd_check(inst: InstancePlan, state: UnitState, journal: list[str]) -> CheckResult:
+def systemd_check(inst: InstancePlan, state: UnitState, journal: list[str], up_s: float | None,
+                  stable_s: float) -> CheckResult:
+    """Running, and not restarted by systemd within the stability window: every automatic restart starts a
+    new process, so restarts before a process that has stayed up since are history, not a crash loop."""
     name = "systemd"
-    if state.n_restarts >= 2:
+    recent = state.n_restarts > 0 and (up_s is None or up_s < stable_s)
+    if state.n_restarts >= 2 and recent:
         return CheckResult(name, "fail", f"{inst.unit}.service is in a crash loop: systemd restarted it "
                            f"{state.n_restarts} times (now {state.active_state}/{state.sub_state})",
                            tuple(journal[-15:]),
@@ -52,10 +56,13 @@ def systemd_check(inst: InstancePlan, state: UnitState, journal: list[str]) -> C
                            instance=inst.unit)
     if state.active_state == "active" and state.sub_state == "running":
         summary = f"{inst.unit}.service active (running), pid {state.main_pid}"
-        if state.n_restarts:
-            return CheckResult(name, "warn", summary + f", but restarted {state.n_restarts} time(s) by systemd",
+        if recent:
+            return CheckResult(name, "warn", summary + f", but restarted {state.n_restarts} time(s) by systemd "
+                               f"{up_s or 0:.0f}s ago",
                                cause="the service crashed and Restart=on-failure brought it back",
                                fix=f"journalctl -u {inst.unit} to see why it died", instance=inst.unit)
+        if state.n_restarts:
+            summary += f"; restarted {state.n_restarts} time(s) earlier, up {up_s:.0f}s since"
         return CheckResult(name, "pass", summary, instance=inst.unit)
     return CheckResult(name, "fail", f"{inst.unit}.service is {state.active_state or 'unknown'} ({state.sub_state}, "
                        f"result {state.result or '-'}, {state.n_restarts} restart(s))",
@@ -98,17 +105,22 @@ def serves(plan: HostPlan, inst: InstancePlan, answers: dict[str, http.Answer]) 
 
 def instance_checks(plan: HostPlan, inst: InstancePlan, probe: HostProbe, exp: Expectations) -> list[CheckResult]:
     unit: UnitProbe = probe.unit(f"{inst.unit}.service")
-    results = [systemd_check(inst, unit.state, unit.journal)]
+    state = unit.state
+    up_s = (probe.now_us - state.started_monotonic) / 1e6 if probe.now_us and state.started_monotonic else None
+    results = [systemd_check(inst, state, unit.journal, up_s, float(plan.settings["stable_seconds"].value))]
+    if state.active_state != "active":
+        # Only the current run is judged: the lines of a stopped run say nothing about what serves now.
+        return [*results, CheckResult("startup_log", "fail", f"{inst.unit} is not running: no current start-up "
+                                      "log to judge", instance=inst.unit, fix="`ernie-deploy deploy` starts it")]
     values = instance_context(inst, plan.model.num_attention_heads if plan.model else None)
     results += check_startup_log(
         unit.journal, tp=inst.tensor_parallel_size, max_model_len=inst.max_model_len,
         kv_tokens_estimate=inst.memory.kv_tokens if inst.memory else None, expect=exp.expect, forbid=exp.forbid,
         values=values, context=values, instance=inst.unit)
-    if unit.state.active_state == "active":
-        results += http_checks(plan, inst, probe.http)
+    results += http_checks(plan, inst, probe.http)
     try:
         results += check_gpus(probe.gpus, probe.apps, instance_gpus=inst.gpus,
-                              instance_pids=descendants(probe.ps, unit.state.main_pid), instance=inst.unit)
+                              instance_pids=descendants(probe.ps, state.main_pid), instance=inst.unit)
     except CheckInputError as exc:
         results.append(CheckResult("gpus", "fail", f"nvidia-smi output unusable: {exc.message}", instance=inst.unit))
     return results

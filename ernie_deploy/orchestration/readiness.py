@@ -22,6 +22,7 @@ from ernie_deploy.orchestration.instancecheck import api_key, request_id, reques
 from ernie_deploy.orchestration.transport import Transport
 from ernie_deploy.planning.plantypes import HostPlan, InstancePlan
 from ernie_deploy.remote import http
+from ernie_deploy.remote.converge import Started
 from ernie_deploy.remote.probe import UnitProbe, parse, watch_command
 
 
@@ -56,9 +57,10 @@ class Observation:
 @dataclass
 class State:
     started: float
+    invocation: str = ""  # the run whose journal was read last (automatic restarts start new runs)
+    restarts: int = 0  # NRestarts right after the deploy's own (re)start: only restarts beyond it count
     journal: list[str] = field(default_factory=list)
     cursor: str | None = None
-    first_restarts: int | None = None
     ready_since: float | None = None
 
 
@@ -75,6 +77,8 @@ def step(state: State, obs: Observation, spec: Spec) -> Readiness | Wait:
 
     unit = spec.unit
     u = obs.unit
+    if u.invocation and u.invocation != state.invocation:  # a new run: its lines were read from its start
+        state.invocation, state.cursor = u.invocation, None
     state.journal += u.journal
     state.cursor = u.cursor or state.cursor
     tail = state.journal[-15:]
@@ -82,11 +86,9 @@ def step(state: State, obs: Observation, spec: Spec) -> Readiness | Wait:
     if fatal:
         m = fatal[0]
         return done("failed", f"{unit}: {m.headline}", cause=m.cause, fix=m.fix, evidence=list(m.lines))
-    restarts = u.state.n_restarts
-    state.first_restarts = restarts if state.first_restarts is None else state.first_restarts
-    if restarts - state.first_restarts >= 2:
-        return done("failed", f"{unit} is in a crash loop: systemd restarted it "
-                    f"{restarts - state.first_restarts} times since the deploy",
+    restarts = u.state.n_restarts - state.restarts
+    if restarts >= 2:
+        return done("failed", f"{unit} is in a crash loop: systemd restarted it {restarts} times since the deploy",
                     cause="the service dies shortly after starting", evidence=tail,
                     fix=f"journalctl -u {unit} shows each attempt; fix the cause and deploy again")
     if u.state.active_state == "failed":
@@ -113,7 +115,7 @@ def step(state: State, obs: Observation, spec: Spec) -> Readiness | Wait:
     return Wait(ask_serving=state.ready_since is None)
 
 
-def watch(session: Transport, plan: HostPlan, inst: InstancePlan, *, since: str, budget: float,
+def watch(session: Transport, plan: HostPlan, inst: InstancePlan, *, started: Started, budget: float,
           stable: float = 3.0, poll: float = 0.5, exp: Expectations | None = None,
           abort: threading.Event | None = None, clock: Callable[[], float] = time.monotonic,
           sleep: Callable[[float], None] = time.sleep) -> Readiness:
@@ -121,12 +123,12 @@ def watch(session: Transport, plan: HostPlan, inst: InstancePlan, *, since: str,
     unit = f"{inst.unit}.service"
     spec = Spec(inst.unit, instance_context(inst, plan.model.num_attention_heads if plan.model else None),
                 budget, stable)
-    state = State(started=clock())
+    state = State(started=clock(), invocation=started.invocation, restarts=started.restarts)
     ask_serving = True
     while True:
         requests = requests_for(plan, inst, exp, serving=ask_serving)
-        probe = parse(session.run(watch_command(unit, since=since, cursor=state.cursor, requests=requests,
-                                                api_key=api_key(plan))).text)
+        probe = parse(session.run(watch_command(unit, invocation=state.invocation, cursor=state.cursor,
+                                                requests=requests, api_key=api_key(plan))).text)
         health = http.missing(probe.http, request_id(inst, "health"))
         verdict = step(state, Observation(clock(), probe.unit(unit), health,
                                           serves(plan, inst, probe.http) if ask_serving and health else None,

@@ -44,6 +44,8 @@ class HostResult:
     started: list[str] = field(default_factory=list)
     enabled: list[str] = field(default_factory=list)
     pruned: list[str] = field(default_factory=list)
+    leftover: list[str] = field(default_factory=list)  # installed units the plan no longer has
+    dropins: list[str] = field(default_factory=list)  # drop-in files overriding managed units
     reasons: dict[str, str] = field(default_factory=dict)
     diffs: list[str] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
@@ -76,9 +78,10 @@ def recap_counts(r: HostResult) -> dict[str, int]:
     }
 
 
-def exit_code(results: Sequence[HostResult], interrupted: bool = False) -> ExitCode:
-    if interrupted:
-        return ExitCode.INTERRUPTED
+def exit_code(results: Sequence[HostResult], stopped_by: int | None = None) -> int:
+    """ansible-playbook's precedence; a run stopped by a signal exits 128 + its number (130 Ctrl-C, 143 SIGTERM)."""
+    if stopped_by is not None:
+        return 128 + stopped_by
     statuses = {r.status for r in results}
     if Status.UNREACHABLE in statuses:
         return ExitCode.UNREACHABLE

@@ -61,7 +61,7 @@ def take(fleet: Fleet, run: HostRun, ctx: PlanContext, templates: jinja2.Environ
         return None
     session = fleet.connect(run)
     fleet.progress(host.name, "gathering facts")
-    gather = gather_command(pre.model_path, pre.bin)
+    gather = gather_command(pre.model_path, pre.bin, str(pre.settings["user"].value))
     with fleet.step(run, "facts" if opts.lock is None else "lock + facts"):
         text = session.run(gather).text if opts.lock is None else _lock_and_gather(fleet, run, opts, gather.script)
     facts = parse_facts(text)
@@ -73,7 +73,12 @@ def take(fleet: Fleet, run: HostRun, ctx: PlanContext, templates: jinja2.Environ
             result.fail(Status.FAILED, "the plan has errors; nothing was touched")
             return None
     files = render_host(plan, templates) if opts.render else []
-    return Snapshot(plan, facts, files, converge.compute_changes(plan, files, facts, opts.prune), time.monotonic())
+    return Snapshot(plan, facts, files, converge.compute_changes(plan, files, facts, opts.prune, stable_of(plan)),
+                    time.monotonic())
+
+
+def stable_of(plan: HostPlan) -> float:
+    return float(plan.settings["stable_seconds"].value)
 
 
 def refresh(fleet: Fleet, run: HostRun, snap: Snapshot, prune: bool) -> Snapshot:
@@ -81,9 +86,10 @@ def refresh(fleet: Fleet, run: HostRun, snap: Snapshot, prune: bool) -> Snapshot
     assert run.session is not None
     pre = snap.plan
     with fleet.step(run, "facts (re-checked)"):
-        facts = parse_facts(run.session.run(gather_command(pre.model_path, pre.bin)).text)
-    return Snapshot(snap.plan, facts, snap.files, converge.compute_changes(snap.plan, snap.files, facts, prune),
-                    time.monotonic())
+        gather = gather_command(pre.model_path, pre.bin, str(pre.settings["user"].value))
+        facts = parse_facts(run.session.run(gather).text)
+    changes = converge.compute_changes(snap.plan, snap.files, facts, prune, stable_of(snap.plan))
+    return Snapshot(snap.plan, facts, snap.files, changes, time.monotonic())
 
 
 def _lock_and_gather(fleet: Fleet, run: HostRun, opts: SnapshotOptions, gather: str) -> str:
@@ -102,7 +108,7 @@ def _lock_and_gather(fleet: Fleet, run: HostRun, opts: SnapshotOptions, gather: 
                               f"{r.stderr.decode(errors='replace').strip()}", where=host)
         holder = lock.parse_info(r.text.split("\n", 1)[1] if "\n" in r.text else "")
         if time.monotonic() >= deadline or fleet.abort.is_set():
-            raise LockHeld(holder.describe() if holder else "held (no details file)", host)
+            raise LockHeld(holder, host)
         fleet.progress(host, f"waiting for the deploy lock ({holder.describe() if holder else 'held'})")
         time.sleep(min(delay, max(0.1, deadline - time.monotonic())))
         delay = min(delay * 2, 10.0)

@@ -10,15 +10,37 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ernie_deploy.checks.playbook import Expectations
+from ernie_deploy.checks.result import CheckResult
 from ernie_deploy.orchestration.fleet import Fleet, FleetOptions, HostRun
 from ernie_deploy.orchestration.instancecheck import api_key, instance_checks, requests_for
 from ernie_deploy.orchestration.results import HostResult, Status
-from ernie_deploy.orchestration.snapshot import SnapshotOptions, take
+from ernie_deploy.orchestration.snapshot import Snapshot, SnapshotOptions, take
 from ernie_deploy.orchestration.transport import Connector, Progress, RemoteHost
 from ernie_deploy.planning.findings import Severity
 from ernie_deploy.planning.plan import PlanContext
 from ernie_deploy.planning.render import environment_for_templates, templates_dir
 from ernie_deploy.remote import probe
+
+
+def drift_checks(snap: Snapshot) -> list[CheckResult]:
+    """Units the plan no longer has (a warning; a failure when they hold GPUs the plan needs) and drop-ins
+    overriding managed units (a failure: what runs is not what the plan says)."""
+    needed = {g for inst in snap.plan.instances for g in inst.gpus}
+    out = []
+    for unit in snap.changes.leftover:
+        state = snap.facts.units.get(unit)
+        held = sorted(needed & set(snap.facts.unit_gpus.get(unit, ())))
+        running = state is not None and state.active_state in ("active", "activating")
+        out.append(CheckResult(
+            "leftover", "fail" if running and held else "warn",
+            f"{unit} is not in the plan ({state.active_state if state else 'unknown'}"
+            + (f", on GPU(s) {', '.join(map(str, held))} the plan needs)" if held else ")"),
+            fix="`ernie-deploy deploy --prune` stops and removes it", instance=unit.removesuffix(".service")))
+    for path in snap.changes.dropins:
+        out.append(CheckResult("drop-in", "fail", f"{path} overrides a managed unit", instance=None,
+                               cause="`systemctl edit` or a hand-written drop-in changes what runs",
+                               fix="fold the setting into the inventory, then `ernie-deploy deploy --prune`"))
+    return out
 
 
 class Verifier:
@@ -30,8 +52,9 @@ class Verifier:
         self.expectations = expectations or Expectations()
 
     @property
-    def interrupted(self) -> bool:
-        return self.fleet.interrupted
+    def stopped_by(self) -> int | None:
+        """The signal that stopped the run (Ctrl-C: SIGINT), or None."""
+        return self.fleet.signal
 
     def run(self, hosts: Sequence[RemoteHost]) -> list[HostResult]:
         runs = self.fleet.runs(hosts)
@@ -59,6 +82,7 @@ class Verifier:
         with self.fleet.step(run, "checks") as step:
             for inst in plan.instances:
                 result.checks += instance_checks(plan, inst, seen, self.expectations)
+            result.checks += drift_checks(snap)
             failed = [c for c in result.checks if c.status == "fail"]
             warned = [c for c in result.checks if c.status == "warn"]
             step.status = "failed" if failed else "ok"

@@ -18,6 +18,12 @@ out = Console(highlight=False, width=_WIDTH)
 err = Console(stderr=True, highlight=False, soft_wrap=True)  # errors stay one greppable line
 
 
+def verbatim(text: str) -> None:
+    """Text that must reach the reader line for line (diffs): never wrapped, cropped or styled, so a long line
+    never continues on a line that reads as something else (a diff's removal)."""
+    out.print(text, markup=False, highlight=False, soft_wrap=True, end="" if text.endswith("\n") else "\n")
+
+
 def print_json(data: Any) -> None:
     """Machine-readable output: plain JSON on stdout, no colour, no wrapping."""
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")

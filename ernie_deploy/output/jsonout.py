@@ -7,7 +7,7 @@ from typing import Any
 
 from ernie_deploy.orchestration.results import HostResult, Step
 
-# v2: each host carries its steps and the release a change recorded.
+# v2: each host carries its steps, the release a change recorded, leftover units and drop-ins.
 RESULTS_SCHEMA = "ernie-deploy/deploy/v2"
 
 
@@ -20,7 +20,8 @@ def host_json(r: HostResult) -> dict[str, Any]:
     return {
         "host": r.host, "status": r.status.value, "message": r.message, "hint": r.hint,
         "changed_files": r.changed_files, "restarted": r.restarted, "started": r.started,
-        "enabled": r.enabled, "pruned": r.pruned, "reasons": r.reasons, "diffs": r.diffs,
+        "enabled": r.enabled, "pruned": r.pruned, "leftover": r.leftover, "dropins": r.dropins,
+        "reasons": r.reasons, "diffs": r.diffs,
         "findings": [f.to_json() for f in r.findings], "evidence": r.evidence,
         "checks": [c.to_json() for c in r.checks], "steps": [step_json(s) for s in r.steps],
         "release": r.release, "remote_commands": r.commands, "seconds": round(r.seconds, 3),

@@ -29,8 +29,13 @@ def show_results(results: Sequence[HostResult], verbose: int = 0) -> None:
             console.out.print(f"    {verb}: {unit} ({r.reasons.get(unit, '')})", markup=False)
         for unit in r.pruned:
             console.out.print(f"    prune: {unit}", markup=False)
+        for unit in r.leftover:
+            if unit not in r.pruned:
+                console.out.print(f"    not in the plan: {unit} (remove with --prune)", markup=False)
+        for path in r.dropins:
+            console.out.print(f"    drop-in: {path}", markup=False)
         for diff in r.diffs:
-            console.out.print(diff, markup=False, highlight=False)
+            console.verbatim(diff)
         for line in r.evidence:
             console.out.print(f"    | {line}", markup=False)
         bad = [c for c in r.checks if c.status != "pass"]

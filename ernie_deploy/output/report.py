@@ -71,8 +71,9 @@ def flag_sources(plan: HostPlan) -> list[list[str]]:
             if setting in plan.settings:
                 why = f"{setting}: {plan.settings[setting].source}"
             elif setting == "served_model_name":
-                why = "last part of the model path" + (f", suffix -{inst.index} for instance {inst.index}"
-                                                       if inst.index else "")
+                suffixed = inst.index and inst.served_model_name.endswith(f"-{inst.index}")
+                why = "last part of the model path" + (f", suffix -{inst.index} (vllm_served_model_name_suffix)"
+                                                       if suffixed else "")
             elif plan.profile and flag in _profile_args(plan):
                 why = f"profile {plan.profile}"
             else:

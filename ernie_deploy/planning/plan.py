@@ -16,6 +16,7 @@ from ernie_deploy.planning.hardware import Catalog, GpuType, load_catalog
 from ernie_deploy.planning.models import ModelSpec, bundled_model, load_model, spec_from_config
 from ernie_deploy.planning.plantypes import Discovered, HostPlan, InstancePlan
 from ernie_deploy.planning.recommend import Row, Table, load_table
+from ernie_deploy.planning.render import unsafe_values
 from ernie_deploy.planning.settings import DEFAULTS, Setting, host_secrets, inventory_settings
 from ernie_deploy.planning.validate import check_instance, check_sharing, memory_for
 from ernie_deploy.planning.versions import parse_version, version_facts
@@ -199,13 +200,14 @@ def _plan_host(host: HostLike, ctx: PlanContext, discovered: Discovered | None) 
     secrets = host_secrets(host.vars, where)
     if "api_key" in settings:
         secrets["VLLM_API_KEY"] = settings["api_key"].value
-    return HostPlan(
+    plan = HostPlan(
         name=host.name, address=host.address, gpu=gpu, gpu_count=gpu_count,
         row=row.name if row else None, profile=profile_name, model=model, model_path=model_path,
         version=version_text, bin=str(value("bin")), user=str(value("user")),
         drain_timeout=int(value("drain_timeout")), env=env, secrets=secrets, settings=settings,
-        instances=tuple(instances), findings=tuple(_ordered(findings)),
+        instances=tuple(instances), findings=(),
     )
+    return replace(plan, findings=tuple(_ordered(findings + unsafe_values(plan))))
 
 
 def _instances(host: HostLike, ctx: PlanContext, model: ModelSpec, gpu: GpuType, gpu_count: int,
@@ -220,6 +222,8 @@ def _instances(host: HostLike, ctx: PlanContext, model: ModelSpec, gpu: GpuType,
     mml = value("max_model_len")
     util = float(value("gpu_memory_utilization", 0.9))
     base_name = str(value("served_model_name") or posixpath.basename(str(value("model")).rstrip("/")))
+    # Replicas behind one load balancer serve one name; a per-replica suffix is opt-in.
+    suffix = bool(value("served_model_name_suffix", False))
     port = int(value("port", 8000))
     profile = ctx.table.profiles[str(value("profile") or "dev")]
     args = tuple(profile.args) + tuple(value("extra_args", []))
@@ -230,7 +234,7 @@ def _instances(host: HostLike, ctx: PlanContext, model: ModelSpec, gpu: GpuType,
         gpus = tuple(g % gpu_count for g in gpus) if share else gpus
         out.append(InstancePlan(
             index=k, unit=f"ernie-vllm-{k}", port=port + k, host=str(value("host", "0.0.0.0")),
-            gpus=tuple(dict.fromkeys(gpus)), served_model_name=base_name if k == 0 else f"{base_name}-{k}",
+            gpus=tuple(dict.fromkeys(gpus)), served_model_name=f"{base_name}-{k}" if suffix and k else base_name,
             tensor_parallel_size=tp, pipeline_parallel_size=pp, max_model_len=mml,
             gpu_memory_utilization=util, args=args,
             memory=memory_for(tp, pp, mml, util, model, gpu),

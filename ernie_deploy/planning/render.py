@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from importlib import resources
 from pathlib import Path
 
@@ -17,6 +19,7 @@ import jinja2
 
 from ernie_deploy.errors import DeployError, RenderError
 from ernie_deploy.planning.bulk import collector_paused
+from ernie_deploy.planning.findings import Finding, Severity
 from ernie_deploy.planning.plantypes import HostPlan, InstancePlan
 from ernie_deploy.planning.versions import parse_version, version_facts
 
@@ -31,6 +34,7 @@ _USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 _EXECUTABLE = re.compile(r"/[A-Za-z0-9._/+-]+")
 _BIND_HOST = re.compile(r"[A-Za-z0-9.:-]+")
 # Environment variables ernie-deploy sets itself or keeps out of world-readable unit files.
+UNSAFE = "unsafe-value"  # the finding code of a value that cannot go into a unit or env file
 _RESERVED_ENV = {"CUDA_VISIBLE_DEVICES", "VLLM_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"}
 
 
@@ -46,9 +50,10 @@ class RenderedFile:
         return hashlib.sha256(self.content.encode()).hexdigest()
 
 
-def _reject_control(value: str, what: str, host: str) -> None:
+def _reject_control(value: str, what: str, host: str, *, secret: bool = False) -> None:
     if _CONTROL.search(value):
-        raise RenderError(f"{what} contains a control character (newline, tab, …): {value!r}", where=host,
+        shown = "" if secret else f": {value!r}"  # a secret's value never reaches a message, log or JSON
+        raise RenderError(f"{what} contains a control character (newline, tab, …){shown}", where=host,
                           hint="remove it; a newline would start a new line in the unit file")
 
 
@@ -75,7 +80,7 @@ def _env_assignment(key: str, value: str, host: str) -> str:
 
 def _env_file_line(key: str, value: str, host: str) -> str:
     """KEY='value': systemd reads single-quoted env-file values literally, with no escapes or expansion."""
-    _reject_control(value, f"secret {key}", host)
+    _reject_control(value, f"secret {key}", host, secret=True)
     if "'" in value or "\\" in value:
         raise RenderError(f"secret {key} contains a quote or backslash, which the env file cannot hold safely",
                           where=host, hint="use a token without ' or \\")
@@ -155,14 +160,41 @@ def environment_for_templates(directory: Path) -> jinja2.Environment:
     )
 
 
-def render_host(plan: HostPlan, env: jinja2.Environment) -> list[RenderedFile]:
-    """Unit and env file of every instance. Raises RenderError naming the host for unsafe values."""
-    if not plan.ok:
-        raise RenderError("the plan has errors; nothing is rendered for this host", where=plan.name,
-                          hint="run `ernie-deploy plan` and apply the fixes it lists")
+def _check_identity(plan: HostPlan) -> None:
     if not _USER.fullmatch(plan.user):
         raise RenderError(f"vllm_user {plan.user!r} is not a valid user name", where=plan.name)
     _reject_control(plan.name, "host name", plan.name)
+
+
+def unsafe_values(plan: HostPlan) -> list[Finding]:
+    """Every value rendering would refuse, as plan errors. plan_host runs this, so `plan`, `render` and
+    `deploy` share one validation: what `plan` accepts, `render` renders."""
+    found: list[Finding] = []
+
+    def check(step: Callable[[], object]) -> None:
+        try:
+            step()
+        except RenderError as exc:
+            if all(f.message != exc.message for f in found):
+                found.append(Finding(Severity.ERROR, UNSAFE, exc.message, fix=exc.hint))
+
+    check(partial(_check_identity, plan))
+    for inst in plan.instances:
+        check(partial(exec_words, plan, inst))
+        check(partial(environment, plan, inst))
+    for key, secret in sorted(plan.secrets.items()):
+        check(partial(_env_file_line, key, secret.reveal(), plan.name))
+    return found
+
+
+def render_host(plan: HostPlan, env: jinja2.Environment) -> list[RenderedFile]:
+    """Unit and env file of every instance. Raises RenderError naming the host when its plan has errors."""
+    if not plan.ok:
+        unsafe = next((f for f in plan.findings if f.code == UNSAFE), None)
+        if unsafe is not None:
+            raise RenderError(unsafe.message, where=plan.name, hint=unsafe.fix)
+        raise RenderError("the plan has errors; nothing is rendered for this host", where=plan.name,
+                          hint="run `ernie-deploy plan` and apply the fixes it lists")
     unit_t, env_t = env.get_template(TEMPLATE_NAMES[0]), env.get_template(TEMPLATE_NAMES[1])
     files = []
     for inst in plan.instances:

@@ -58,6 +58,7 @@ SETTING_TYPES: dict[str, SettingType] = {
     "model": SettingType(str),
     "model_config": SettingType(str),
     "served_model_name": SettingType(str),
+    "served_model_name_suffix": SettingType(bool),
     "bin": SettingType(str),
     "version": SettingType(str),
     "extra_args": SettingType(list, item=str),
@@ -66,6 +67,7 @@ SETTING_TYPES: dict[str, SettingType] = {
     "drain_timeout": SettingType(int),
     "startup_budget": SettingType((int, float)),
     "keep_releases": SettingType(int),
+    "stable_seconds": SettingType((int, float)),
     "allow_fallback": SettingType(bool),
     "api_key": SettingType(str, secret=True),
 }
@@ -86,6 +88,9 @@ DEFAULTS: dict[str, Any] = {
     "startup_budget": 600,
     # Releases kept on each host for rollback (docs/releases.md).
     "keep_releases": 5,
+    # Seconds a (re)started instance must stay healthy before it counts as ready, and how long a running
+    # instance must have stayed up since systemd last restarted it to count as serving (not crash-looping).
+    "stable_seconds": 10,
     "allow_fallback": False,
 }
 

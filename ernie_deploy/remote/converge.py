@@ -34,7 +34,8 @@ from ernie_deploy.remote.facts import HostFacts
 from ernie_deploy.remote.state import AUDIT_LOG, PENDING_FILE, RELEASES_DIR, STAGING_DIR, STATE_DIR
 
 RUNNING = {"active", "activating", "reloading"}
-RESTART_MARK = "@@ernie-deploy:restart-at "
+STARTED_MARK = "@@ernie-deploy:started "
+KILLED_MARK = "@@ernie-deploy:killed "
 RELEASE_MARK = "@@ernie-deploy:release "
 
 
@@ -55,14 +56,16 @@ class Changes:
     enable: tuple[str, ...] = ()  # units not enabled at boot yet
     prune: tuple[str, ...] = ()  # installed units no longer in the plan (only with --prune)
     reasons: dict[str, str] = field(default_factory=dict)  # unit → why it (re)starts
+    leftover: tuple[str, ...] = ()  # installed units the plan no longer has (pruned only with --prune)
+    dropins: tuple[str, ...] = ()  # drop-in files overriding our units (systemctl edit): drift
 
     @property
     def empty(self) -> bool:
-        return not (self.files or self.restart or self.start or self.enable or self.prune)
+        return not (self.files or self.restart or self.start or self.enable or self.prune or self.dropins)
 
     @property
     def daemon_reload(self) -> bool:
-        return any(f.path.endswith(".service") for f in self.files) or bool(self.prune)
+        return any(f.path.endswith(".service") for f in self.files) or bool(self.prune) or bool(self.dropins)
 
     @property
     def units(self) -> tuple[str, ...]:
@@ -70,7 +73,31 @@ class Changes:
         return self.restart + self.start
 
 
-def compute_changes(plan: HostPlan, files: list[RenderedFile], facts: HostFacts, prune: bool) -> Changes:
+def serving_problem(unit: str, facts: HostFacts, stable_s: float) -> str | None:
+    """Why a unit does not count as serving, or None when it does: active with a main process, not restarted
+    by systemd within the stability window, and /health answering 200 on the host."""
+    state = facts.units.get(unit)
+    if state is None:
+        return "not installed"
+    if state.active_state != "active" or state.main_pid == 0:
+        return f"not running ({state.active_state}/{state.sub_state or '-'})"
+    up_s = (facts.now_us - state.started_monotonic) / 1e6 if facts.now_us and state.started_monotonic else None
+    if state.n_restarts and (up_s is None or up_s < stable_s):
+        # Every automatic restart is a new process: old restarts stop counting once it has stayed up.
+        return f"restarted by systemd {state.n_restarts} time(s), up only {up_s or 0:.0f}s (crash loop?)"
+    health = facts.health.get(unit)
+    if health != "200":
+        return f"running but /health answers {health or 'nothing'}"
+    return None
+
+
+def dropin_unit(path: str) -> str:
+    """The unit a drop-in file belongs to (/etc/systemd/system/U.service.d/x.conf → U.service)."""
+    return PurePosixPath(path).parent.name.removesuffix(".d")
+
+
+def compute_changes(plan: HostPlan, files: list[RenderedFile], facts: HostFacts, prune: bool,
+                    stable_s: float = 10.0) -> Changes:
     changed = tuple(FileChange(f.path, facts.files.get(f.path), f.sha256, f.mode, f.secret)
                     for f in files if facts.files.get(f.path) != f.sha256)
     changed_paths = {c.path for c in changed}
@@ -80,20 +107,29 @@ def compute_changes(plan: HostPlan, files: list[RenderedFile], facts: HostFacts,
         mine = {f"{UNIT_DIR}/{unit}", f"{ENV_DIR}/{inst.unit}.env"} & changed_paths
         state = facts.units.get(unit)
         running = state is not None and state.active_state in RUNNING
+        problem = serving_problem(unit, facts, stable_s)
         if running and mine:
             restart.append(unit)
             reasons[unit] = "changed: " + ", ".join(sorted(PurePosixPath(p).name for p in mine))
         elif running and unit in facts.pending:
             restart.append(unit)
             reasons[unit] = "staged by an earlier run but not restarted since"
+        elif running and prune and any(dropin_unit(d) == unit for d in facts.dropins):
+            restart.append(unit)
+            reasons[unit] = "drop-in removed (--prune): " + ", ".join(
+                d for d in sorted(facts.dropins) if dropin_unit(d) == unit)
+        elif running and problem is not None:
+            restart.append(unit)
+            reasons[unit] = problem
         elif not running:
             start.append(unit)
-            reasons[unit] = f"not running ({state.active_state if state else 'not installed'})"
+            reasons[unit] = problem or "not running"
         if state is None or state.unit_file_state != "enabled":
             enable.append(unit)
     planned = {f"{i.unit}.service" for i in plan.instances}
-    stale = tuple(sorted(u for u in facts.units if u not in planned)) if prune else ()
-    return Changes(changed, tuple(restart), tuple(start), tuple(enable), stale, reasons)
+    leftover = tuple(sorted(u for u in facts.units if u not in planned))
+    return Changes(changed, tuple(restart), tuple(start), tuple(enable), leftover if prune else (), reasons,
+                   leftover=leftover, dropins=tuple(sorted(facts.dropins)))
 
 
 def release_id(files: list[RenderedFile], now: float) -> str:
@@ -169,7 +205,7 @@ def stage_command(files: list[RenderedFile], changes: Changes, audit: dict[str, 
 
 
 def activate_command(changes: Changes, audit: dict[str, Any]) -> Command:
-    """daemon-reload once, enable, restart/start exactly these units, prune; print where their journal starts."""
+    """Prune, daemon-reload once, enable, restart/start exactly these units; print each new run's invocation."""
     q = shlex.quote
     lines = ["set -eu"]
     for unit in changes.prune:
@@ -177,17 +213,31 @@ def activate_command(changes: Changes, audit: dict[str, Any]) -> Command:
         # The files are in the previous release already; removing them is enough.
         lines += [f"systemctl disable --now -q {q(unit)} || true",
                   f"rm -f {UNIT_DIR}/{q(unit)} {ENV_DIR}/{q(name)}.env"]
+    if changes.dropins:
+        # Only with --prune: deploy refuses a host with drop-ins otherwise (drift it would not see).
+        lines.append("rm -f " + " ".join(q(d) for d in changes.dropins))
+        lines.append("rmdir " + " ".join(sorted({q(str(PurePosixPath(d).parent)) for d in changes.dropins}))
+                     + " 2>/dev/null || true")
     if changes.daemon_reload:
         lines.append("systemctl daemon-reload")
     if changes.enable:
         lines.append("systemctl enable -q " + " ".join(q(u) for u in changes.enable))
-    if changes.units:
-        # Where this start's journal begins, for the readiness watch.
-        lines.append(f"printf '{RESTART_MARK}%s\\n' \"$(date +%s.%N)\"")
+    for k, unit in enumerate(changes.restart):  # the run being replaced, to tell later whether it was killed
+        lines.append(f"OLD{k}=$(systemctl show -p InvocationID --value {q(unit)})")
     if changes.restart:
         lines.append("systemctl restart " + " ".join(q(u) for u in changes.restart))
     if changes.start:
         lines.append("systemctl start " + " ".join(q(u) for u in changes.start))
+    for unit in changes.units:
+        # The new run of each unit: the readiness watch reads exactly its journal lines, and counts the
+        # automatic restarts after this one.
+        lines.append(f"printf '{STARTED_MARK}%s %s %s\\n' {q(unit)} "
+                     f"\"$(systemctl show -p InvocationID --value {q(unit)})\" "
+                     f"\"$(systemctl show -p NRestarts --value {q(unit)})\"")
+    for k, unit in enumerate(changes.restart):
+        # systemd logs this when the old process outlived TimeoutStopSec and got SIGKILL (requests were cut).
+        lines.append(f"if [ -n \"$OLD{k}\" ] && journalctl INVOCATION_ID=\"$OLD{k}\" -o cat --no-pager 2>/dev/null "
+                     f"| grep -q 'timed out. Killing'; then printf '{KILLED_MARK}%s\\n' {q(unit)}; fi")
     if changes.units or changes.prune:
         done = " ".join(f"-e {q(u)}" for u in changes.units + changes.prune)
         lines.append(f"if [ -f {PENDING_FILE} ]; then grep -vxF {done} {PENDING_FILE} > {PENDING_FILE}.new || true; "
@@ -197,9 +247,26 @@ def activate_command(changes: Changes, audit: dict[str, Any]) -> Command:
     return Command(Op.ACTIVATE, "\n".join(lines) + "\n", units=changes.units)
 
 
-def restart_marker(output: str) -> str | None:
-    """The journal start (`@EPOCH`) an activate printed, or None when its output lacks the marker."""
-    return next((f"@{line.split()[-1]}" for line in output.splitlines() if line.startswith(RESTART_MARK)), None)
+@dataclass(frozen=True)
+class Started:
+    invocation: str  # systemd's InvocationID of the new run
+    restarts: int  # NRestarts right after the (re)start: the watch counts automatic restarts beyond it
+
+
+def started_units(output: str) -> dict[str, Started]:
+    """What activate printed about each unit it (re)started; a unit missing here cannot be verified."""
+    out = {}
+    for line in output.splitlines():
+        if line.startswith(STARTED_MARK):
+            parts = line[len(STARTED_MARK):].split()
+            if len(parts) == 3 and parts[1] and parts[2].isdigit():
+                out[parts[0]] = Started(parts[1], int(parts[2]))
+    return out
+
+
+def killed_units(output: str) -> list[str]:
+    """Units whose previous process was killed with SIGKILL after TimeoutStopSec."""
+    return [line[len(KILLED_MARK):].strip() for line in output.splitlines() if line.startswith(KILLED_MARK)]
 
 
 def read_command(paths: list[str]) -> Command:
@@ -227,13 +294,13 @@ def redact_env(text: str) -> str:
     return _ENV_LINE.sub(r"\1=[REDACTED]", text)
 
 
-def unified_diff(path: str, old: str | None, new: str, secret: bool) -> str:
+def unified_diff(path: str, old: str | None, new: str, secret: bool, new_label: str = "planned") -> str:
     if secret:
         old = redact_env(old) if old is not None else None
         new = redact_env(new)
     diff = "".join(difflib.unified_diff((old or "").splitlines(keepends=True), new.splitlines(keepends=True),
                                         fromfile=f"{path} (on host)" if old is not None else "/dev/null",
-                                        tofile=f"{path} (planned)"))
+                                        tofile=f"{path} ({new_label})"))
     if secret and not diff:
         diff = f"--- {path}\n+++ {path}\n (secret values changed; shown as [REDACTED])\n"
     return diff

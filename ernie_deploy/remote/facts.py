@@ -24,10 +24,33 @@ MARK = "@@ernie-deploy:"
 UNIT_GLOB = "ernie-vllm-*.service"
 
 
-def gather_script(model_path: str, vllm_bin: str) -> str:
+DROPIN_DIRS = (UNIT_DIR, "/run/systemd/system")  # `systemctl edit` and `systemctl edit --runtime`
+
+# Runs on the host: /health of each installed unit, its address and port read from the unit's ExecStart.
+# Arguments only (unit, host, port triples): nothing secret.
+HEALTH_PROGRAM = r"""
+import sys, urllib.request, urllib.error
+a = sys.argv[1:]
+for i in range(0, len(a) - 2, 3):
+    unit, host, port = a[i:i + 3]
+    h = "127.0.0.1" if host in ("0.0.0.0", "") else "::1" if host == "::" else host
+    url = ("http://[%s]:%s/health" if ":" in h else "http://%s:%s/health") % (h, port)
+    try:
+        with urllib.request.urlopen(url, timeout=3) as r:
+            print(unit, r.status)
+    except urllib.error.HTTPError as e:
+        print(unit, e.code)
+    except Exception as e:
+        print(unit, "error", str(getattr(e, "reason", e)).replace("\n", " "))
+"""
+
+
+def gather_script(model_path: str, vllm_bin: str, user: str = "vllm") -> str:
     """The facts script. Paths are quoted; nothing secret is read into the output (env files: hashes only)."""
     q = shlex.quote
     show = show_command('"${f##*/}"')
+    config = q(model_path.rstrip('/') + '/config.json')
+    dropins = " ".join(f"{d}/{UNIT_GLOB}.d/*.conf" for d in DROPIN_DIRS)
     return f"""
 m() {{ printf '\\n{MARK}%s\\n' "$1"; }}
 m gpus
@@ -38,7 +61,23 @@ m files
 for f in {UNIT_DIR}/{UNIT_GLOB} {ENV_DIR}/ernie-vllm-*.env; do [ -f "$f" ] && sha256sum "$f"; done
 m units
 for f in {UNIT_DIR}/{UNIT_GLOB}; do [ -f "$f" ] && {show} && echo; done
-m model; cat {q(model_path.rstrip('/') + '/config.json')} 2>&1; rc=$?; echo; echo "rc=$rc"
+m dropins
+for f in {dropins}; do [ -f "$f" ] && sha256sum "$f"; done
+m unitgpus
+for f in {UNIT_DIR}/{UNIT_GLOB}; do [ -f "$f" ] && printf '%s %s\\n' "${{f##*/}}" \\
+  "$(sed -n 's/^Environment=CUDA_VISIBLE_DEVICES=//p' "$f" | head -n 1)"; done
+m now; awk '{{printf "%.0f\\n", $1 * 1000000}}' /proc/uptime
+m health
+set --
+for f in {UNIT_DIR}/{UNIT_GLOB}; do [ -f "$f" ] || continue
+  port=$(sed -n 's/^ExecStart=.* --port \\([0-9][0-9]*\\).*/\\1/p' "$f" | head -n 1)
+  addr=$(sed -n 's/^ExecStart=.* --host \\([^ ]*\\).*/\\1/p' "$f" | head -n 1 | tr -d "'\\"")
+  set -- "$@" "${{f##*/}}" "${{addr:-0.0.0.0}}" "${{port:-8000}}"
+done
+[ $# -eq 0 ] || python3 -c {q(HEALTH_PROGRAM)} "$@" 2>&1
+m model; cat {config} 2>&1; rc=$?; echo; echo "rc=$rc"
+m modeluser; if id -u {q(user)} >/dev/null 2>&1; then
+  runuser -u {q(user)} -- test -r {config} && echo readable || echo unreadable; fi
 m vllm; {q(vllm_bin)} --version 2>&1; echo "rc=$?"
 m lock; cat {LOCK_DIR}/info 2>/dev/null
 m pending; cat {PENDING_FILE} 2>/dev/null
@@ -46,8 +85,8 @@ m end
 """
 
 
-def gather_command(model_path: str, vllm_bin: str) -> Command:
-    return Command(Op.FACTS, gather_script(model_path, vllm_bin))
+def gather_command(model_path: str, vllm_bin: str, user: str = "vllm") -> Command:
+    return Command(Op.FACTS, gather_script(model_path, vllm_bin, user))
 
 
 @dataclass(frozen=True)
@@ -73,6 +112,11 @@ class HostFacts:
     vllm_error: str | None = None
     lock_info: str | None = None
     pending: tuple[str, ...] = ()  # units whose files were staged but not yet activated (restarted)
+    dropins: dict[str, str] = field(default_factory=dict)  # drop-in path → sha256 (our units' .service.d)
+    unit_gpus: dict[str, tuple[int, ...]] = field(default_factory=dict)  # unit → its CUDA_VISIBLE_DEVICES
+    health: dict[str, str] = field(default_factory=dict)  # unit → "200", "503" or "error REASON"
+    now_us: int | None = None  # the host's monotonic clock (µs), to age ExecMainStartTimestampMonotonic
+    model_readable: bool | None = None  # can vllm_user read config.json (None: the user does not exist)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -81,7 +125,9 @@ class HostFacts:
             "units": {k: u.__dict__ for k, u in self.units.items()},
             "model_architecture": (self.model_config or {}).get("architectures"), "model_error": self.model_error,
             "vllm_version": self.vllm_version, "vllm_error": self.vllm_error, "lock": self.lock_info,
-            "pending": list(self.pending),
+            "pending": list(self.pending), "dropins": self.dropins,
+            "unit_gpus": {k: list(v) for k, v in self.unit_gpus.items()}, "health": self.health,
+            "model_readable_by_user": self.model_readable,
         }
 
 
@@ -139,11 +185,7 @@ def parse_topology(body: str) -> bool | None:
 def parse_facts(text: str) -> HostFacts:
     s = _sections(text)
     gpus, gpu_error = parse_gpus(s.get("gpus", "rc=127"))
-    files = {}
-    for line in s.get("files", "").splitlines():
-        digest, _, path = line.partition("  ")
-        if len(digest) == 64 and path:
-            files[path] = digest
+    files = _hashes(s.get("files", ""))
     model_text, model_rc = _rc(s.get("model", "rc=1"))
     model_config, model_error = None, None
     if model_rc == 0:
@@ -166,4 +208,25 @@ def parse_facts(text: str) -> HostFacts:
         vllm_error=None if version else (vllm_text.splitlines()[-1] if vllm_text else "vllm not runnable"),
         lock_info=s.get("lock") or None,
         pending=tuple(sorted({u for u in s.get("pending", "").split() if u})),
+        dropins=_hashes(s.get("dropins", "")), unit_gpus=_unit_gpus(s.get("unitgpus", "")),
+        health={u: rest for u, _, rest in (line.partition(" ") for line in s.get("health", "").splitlines()) if rest},
+        now_us=int(s["now"]) if s.get("now", "").strip().isdigit() else None,
+        model_readable={"readable": True, "unreadable": False}.get(s.get("modeluser", "").strip()),
     )
+
+
+def _hashes(body: str) -> dict[str, str]:
+    out = {}
+    for line in body.splitlines():
+        digest, _, path = line.partition("  ")
+        if len(digest) == 64 and path:
+            out[path] = digest
+    return out
+
+
+def _unit_gpus(body: str) -> dict[str, tuple[int, ...]]:
+    out = {}
+    for line in body.splitlines():
+        unit, _, gpus = line.partition(" ")
+        out[unit] = tuple(int(g) for g in gpus.split(",") if g.strip().isdigit())
+    return out

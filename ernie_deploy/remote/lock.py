@@ -40,7 +40,20 @@ class LockInfo:
 
     def describe(self) -> str:
         when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.since))
-        return f"held by {self.user}@{self.controller} (pid {self.pid}) since {when}: {self.command}"
+        stale = " — stale: that process no longer runs on this controller" if self.liveness() == "dead" else ""
+        return f"held by {self.user}@{self.controller} (pid {self.pid}) since {when}: {self.command}{stale}"
+
+    def liveness(self) -> str:
+        """"alive" or "dead" when the holder ran on this controller (its pid tells), else "unknown"."""
+        if self.controller != socket.gethostname():
+            return "unknown"
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return "dead"
+        except PermissionError:  # exists, owned by someone else
+            return "alive"
+        return "alive"
 
 
 def parse_info(text: str | None) -> LockInfo | None:
@@ -82,4 +95,9 @@ def release_command(token: str) -> Command:
 
 
 SHOW = Command(Op.SHOW_LOCK, f"cat {LOCK_DIR}/info 2>/dev/null || true")
-BREAK = Command(Op.BREAK_LOCK, f"cat {LOCK_DIR}/info 2>/dev/null; rm -rf {LOCK_DIR}")
+def break_command(token: str | None) -> Command:
+    """Remove the lock, but only the one that was shown (its token), so a newer holder is never broken."""
+    if token is None:  # no details file: a half-taken lock
+        return Command(Op.BREAK_LOCK, f"if [ ! -s {LOCK_DIR}/info ]; then rm -rf {LOCK_DIR}; fi")
+    return Command(Op.BREAK_LOCK, f"if grep -q {shlex.quote(token)} {LOCK_DIR}/info 2>/dev/null; then "
+                                  f"rm -rf {LOCK_DIR}; fi")

@@ -10,6 +10,8 @@ from ernie_deploy.remote import http, systemd
 from ernie_deploy.remote.command import Command, Op
 
 MARK = "@@ernie-deploy:"
+# The host's monotonic clock in µs (uptime), to age systemd's ExecMainStartTimestampMonotonic.
+NOW = "awk '{printf \"%.0f\\n\", $1 * 1000000}' /proc/uptime"
 GPU_QUERY = "nvidia-smi --query-gpu=index,uuid,memory.used,memory.total,utilization.gpu --format=csv,noheader,nounits"
 APPS_QUERY = "nvidia-smi --query-compute-apps=pid,used_memory,gpu_uuid --format=csv,noheader,nounits"
 
@@ -21,6 +23,7 @@ class UnitProbe:
     state: systemd.UnitState = field(default_factory=systemd.UnitState)
     journal: list[str] = field(default_factory=list)
     cursor: str | None = None
+    invocation: str = ""  # the run the journal lines belong to
 
 
 @dataclass
@@ -30,29 +33,24 @@ class HostProbe:
     gpus: str = ""
     apps: str = ""
     ps: str = ""
+    now_us: int | None = None
 
     def unit(self, name: str) -> UnitProbe:
         return self.units.get(name, UnitProbe())
 
 
-def _journal(unit: str, since: str | None, cursor: str | None) -> str:
+def unit_script(unit: str, *, invocation: str | None = None, cursor: str | None = None) -> str:
+    """State and journal lines of the unit's current run (its InvocationID): all of them, or only those after
+    `cursor` while the run is still `invocation`. Lines of earlier runs (an old process's shutdown) never
+    appear, so a watch after a restart judges only the new process."""
     q = shlex.quote
-    if cursor:
-        where = f"-u {q(unit)} --after-cursor={q(cursor)}"
-    elif since:
-        where = f"-u {q(unit)} --since={q(since)}"
-    else:
-        # This invocation only: the service's own lines plus systemd's lines about it.
-        where = '_SYSTEMD_INVOCATION_ID="$ID" + INVOCATION_ID="$ID"'
-    return f'ID=$(systemctl show -p InvocationID --value {q(unit)}); ' \
-           f'[ -n "$ID" ] || [ -n {q(since or cursor or "")} ] && journalctl {where} -o cat --no-pager --show-cursor'
-
-
-def unit_script(unit: str, *, since: str | None = None, cursor: str | None = None) -> str:
-    """State and new journal lines of one unit: since a time (@epoch), after a cursor, or this invocation."""
-    q = shlex.quote
+    after = f"--after-cursor={q(cursor)}" if cursor else ""
     return (f"printf '{MARK}unit %s\\n' {q(unit)}; {systemd.show_one(unit)}; "
-            f"printf '{MARK}journal %s\\n' {q(unit)}; {_journal(unit, since, cursor)} 2>/dev/null; true\n")
+            f"ID=$(systemctl show -p InvocationID --value {q(unit)}); "
+            f"printf '{MARK}journal %s %s\\n' {q(unit)} \"$ID\"; "
+            f"if [ -n \"$ID\" ]; then if [ \"$ID\" = {q(invocation or '-')} ]; then A={q(after)}; else A=; fi; "
+            f"journalctl _SYSTEMD_INVOCATION_ID=\"$ID\" + INVOCATION_ID=\"$ID\" $A -o cat --no-pager --show-cursor "
+            f"2>/dev/null; fi; true\n")
 
 
 def _http_part(requests: list[http.Request]) -> str:
@@ -65,14 +63,15 @@ def host_command(units: list[str], requests: list[http.Request], api_key: str | 
     script = _http_part(requests) + "".join(unit_script(u) for u in units) + (
         f"printf '{MARK}gpus\\n'; {GPU_QUERY} 2>&1\n"
         f"printf '{MARK}apps\\n'; {APPS_QUERY} 2>&1\n"
-        f"printf '{MARK}ps\\n'; ps -e -o pid=,ppid=\n")
+        f"printf '{MARK}ps\\n'; ps -e -o pid=,ppid=\n"
+        f"printf '{MARK}now\\n'; {NOW}\n")
     return Command(Op.PROBE, script, stdin=http.stdin(requests, api_key), units=tuple(units))
 
 
-def watch_command(unit: str, *, since: str | None, cursor: str | None, requests: list[http.Request],
+def watch_command(unit: str, *, invocation: str | None, cursor: str | None, requests: list[http.Request],
                   api_key: str | None) -> Command:
     """One poll of the readiness watch: the unit's state, its new journal lines, and the HTTP answers."""
-    script = _http_part(requests) + unit_script(unit, since=None if cursor else since, cursor=cursor)
+    script = _http_part(requests) + unit_script(unit, invocation=invocation, cursor=cursor)
     return Command(Op.WATCH, script, stdin=http.stdin(requests, api_key), check=False, units=(unit,))
 
 
@@ -87,7 +86,10 @@ def parse(text: str) -> HostProbe:
                 target = sections.setdefault(f"unit {name}", [])
                 probe.units.setdefault(name, UnitProbe())
             elif kind == "journal":
-                target = probe.units.setdefault(name, UnitProbe()).journal
+                name, _, invocation = name.partition(" ")
+                unit = probe.units.setdefault(name, UnitProbe())
+                unit.invocation = invocation.strip()
+                target = unit.journal
             else:
                 target = sections.setdefault(kind, [])
             continue
@@ -99,6 +101,8 @@ def parse(text: str) -> HostProbe:
             unit.cursor = unit.journal.pop()[len("-- cursor: "):]
     probe.http = http.parse("\n".join(sections.get("http", [])))
     probe.gpus, probe.apps, probe.ps = ("\n".join(sections.get(k, [])) for k in ("gpus", "apps", "ps"))
+    now = "".join(sections.get("now", [])).strip()
+    probe.now_us = int(now) if now.isdigit() else None
     return probe
 
 

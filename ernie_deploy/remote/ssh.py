@@ -16,9 +16,11 @@ included, travels on stdin, never on a command line. HTTP probes of an instance 
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import logging
 import shlex
+import socket
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -117,18 +119,24 @@ class _Strict(paramiko.MissingHostKeyPolicy):
 
 
 class _AcceptNew(paramiko.MissingHostKeyPolicy):
-    """Record an unknown key in the first known_hosts file; changed keys still fail (paramiko raises)."""
+    """Record an unknown key in the first known_hosts file; changed keys still fail (paramiko raises).
+    With record=False (check mode changes nothing, on the controller either) it only says what it would record."""
 
-    def __init__(self, target: Target) -> None:
+    def __init__(self, target: Target, record: bool = True) -> None:
         self.target = target
+        self.record = record
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
         t = self.target
         path = Path(t.known_hosts[0] if t.known_hosts else "~/.ssh/known_hosts").expanduser()
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        if not self.record:
+            log.warning("%s: check mode: accept-new would record host key %s in %s (not written)", t.name,
+                        fingerprint(key), path)
+            return
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a", encoding="utf-8") as fh:
             fh.write(f"{_known_host_name(t.address, t.port)} {key.get_name()} {key.get_base64()}\n")
-        client.get_host_keys().add(hostname, key.get_name(), key)
         log.warning("%s: accept-new recorded host key %s in %s", t.name, fingerprint(key), path)
 
 
@@ -181,7 +189,7 @@ class Session:
         self.close()
 
 
-def _prepare_client(client: paramiko.SSHClient, target: Target, policy: HostKeyPolicy) -> None:
+def _prepare_client(client: paramiko.SSHClient, target: Target, policy: HostKeyPolicy, record: bool = True) -> None:
     default = Path("~/.ssh/known_hosts").expanduser()
     if default.is_file():
         client.load_host_keys(str(default))
@@ -189,16 +197,18 @@ def _prepare_client(client: paramiko.SSHClient, target: Target, policy: HostKeyP
         path = Path(extra).expanduser()
         if path.is_file():
             client.get_host_keys().load(str(path))
-    client.set_missing_host_key_policy(_AcceptNew(target) if policy is HostKeyPolicy.ACCEPT_NEW else _Strict(target))
+    client.set_missing_host_key_policy(_AcceptNew(target, record) if policy is HostKeyPolicy.ACCEPT_NEW
+                                       else _Strict(target))
 
 
 def connect(target: Target, *, policy: HostKeyPolicy = HostKeyPolicy.STRICT, timeout: float = 10.0,
-            retries: int = 2) -> Session:
-    """Open a session, retrying only unreachable hosts (bounded, with backoff)."""
+            retries: int = 2, record: bool = True) -> Session:
+    """Open a session, retrying only unreachable hosts (bounded, with backoff). record=False: accept-new
+    records nothing (check mode)."""
     attempt = 0
     while True:
         try:
-            return _connect_once(target, policy, timeout)
+            return _connect_once(target, policy, timeout, record)
         except RemoteError as exc:
             if exc.kind is not Failure.UNREACHABLE or attempt >= retries:
                 raise
@@ -222,7 +232,7 @@ def _close_chain(conn: Connection) -> None:
         link.client.close()
 
 
-def _chain(target: Target, policy: HostKeyPolicy, timeout: float) -> Connection:
+def _chain(target: Target, policy: HostKeyPolicy, timeout: float, record: bool = True) -> Connection:
     """The target's Connection with its jump connections behind it, every client holding our host-key policy."""
 
     def connect_kwargs() -> dict[str, Any]:  # fabric edits these in place: one fresh dict per connection
@@ -240,15 +250,15 @@ def _chain(target: Target, policy: HostKeyPolicy, timeout: float) -> Connection:
                              connect_kwargs=connect_kwargs(), config=Config(), gateway=gateway)
     conn = Connection(target.address, user=target.user, port=target.port, connect_timeout=timeout,
                       connect_kwargs=connect_kwargs(), config=Config(), gateway=gateway)
-    _prepare_client(conn.client, target, policy)
+    _prepare_client(conn.client, target, policy, record)
     for link in list(_links(conn))[1:]:  # inventory or ~/.ssh/config hops: the same host-key rules
         _prepare_client(link.client, Target(f"{target.name} (jump host {link.host}:{link.port})", link.host,
-                                            link.port, known_hosts=target.known_hosts), policy)
+                                            link.port, known_hosts=target.known_hosts), policy, record)
     return conn
 
 
-def _connect_once(target: Target, policy: HostKeyPolicy, timeout: float) -> Session:
-    conn = _chain(target, policy, timeout)
+def _connect_once(target: Target, policy: HostKeyPolicy, timeout: float, record: bool = True) -> Session:
+    conn = _chain(target, policy, timeout, record)
     try:
         conn.open()
     except BaseException as exc:
@@ -258,6 +268,25 @@ def _connect_once(target: Target, policy: HostKeyPolicy, timeout: float) -> Sess
             raise
         raise error from exc
     return Session(target, conn)
+
+
+_ERRNO_REASONS = {errno.ECONNREFUSED: "connection refused (nothing listens on that port)",
+                  errno.EHOSTUNREACH: "no route to host", errno.ENETUNREACH: "network unreachable",
+                  errno.ETIMEDOUT: "connection timed out", errno.ECONNRESET: "connection reset by the host"}
+
+
+def connection_reason(exc: BaseException) -> str:
+    """Why a connection failed, in words (paramiko wraps the real errors in one with errno None)."""
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+        reasons = sorted({connection_reason(e) for e in exc.errors.values()})
+        return "; ".join(reasons) or "connection failed"
+    if isinstance(exc, socket.gaierror):
+        return f"host name not resolved ({exc.strerror or exc})"
+    if isinstance(exc, (TimeoutError, socket.timeout)):
+        return "connection timed out"
+    if isinstance(exc, OSError) and exc.errno in _ERRNO_REASONS:
+        return _ERRNO_REASONS[exc.errno]
+    return str(exc) or type(exc).__name__
 
 
 def _classified(target: Target, exc: BaseException) -> BaseException:
@@ -281,6 +310,6 @@ def _classified(target: Target, exc: BaseException) -> BaseException:
                            where=where, hint="check ansible_user and ansible_ssh_private_key_file, or load the "
                                              "key into ssh-agent")
     if isinstance(exc, (TimeoutError, OSError, paramiko.SSHException, EOFError)):
-        return RemoteError(Failure.UNREACHABLE, f"{target.address}:{target.port}{via}: {exc or type(exc).__name__}",
+        return RemoteError(Failure.UNREACHABLE, f"{target.address}:{target.port}{via}: {connection_reason(exc)}",
                            where=where, hint="check that the host (and any jump host) is up and sshd listens there")
     return exc

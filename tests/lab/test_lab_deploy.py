@@ -197,6 +197,9 @@ def test_unknown_host_key_refused_unless_accept_new(capsys: pytest.CaptureFixtur
     inv.write_text(yaml.safe_dump(data))
     rc, hosts = deploy(capsys, inv, "--limit", "a10-1")
     assert rc == 2 and "unknown host key" in hosts["a10-1"]["message"] and "SHA256:" in hosts["a10-1"]["message"]
+    # Check mode changes nothing, the controller's known_hosts included: it only says what it would record.
+    rc, hosts = deploy(capsys, inv, "--limit", "a10-1", "--host-key-policy", "accept-new", "--check")
+    assert rc == 0 and not (tmp_path / "empty_known_hosts").exists()
     rc, hosts = deploy(capsys, inv, "--limit", "a10-1", "--host-key-policy", "accept-new")
     assert rc == 0
     recorded = (tmp_path / "empty_known_hosts").read_text()
@@ -270,13 +273,17 @@ def test_killed_deploy_process_leaves_whole_files(lab: Lab, deployed: LabState, 
     lab.ssh("a10-1", "rm -rf /var/lib/ernie-deploy/lock")  # the killed run could not release its lock
 
 
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
 def test_concurrent_deploy_is_refused_and_ctrl_c_releases_the_lock(capsys: pytest.CaptureFixture[str], lab: Lab,
-                                                                   deployed: LabState, tmp_path: Path) -> None:
+                                                                   deployed: LabState, tmp_path: Path,
+                                                                   sig: int, code: int) -> None:
     """While one deploy waits for its restarted instance to load, a second one fails cleanly naming the
-    holder. SIGINT then stops the first at once (not at the start-up budget): exit 130, no lock left."""
+    holder. SIGINT (or SIGTERM) then stops the first at once (not at the start-up budget): exit 130 (143),
+    no lock left, the host's result printed. A deploy over the instance that is still loading then judges
+    only the new process: the old one's shutdown traceback is not its failure."""
     lab.ssh("a10-1", "mkdir -p /etc/ernie-lab && cat > /etc/ernie-lab/faults.json",
             input=json.dumps({"load_seconds": 120}))
-    inv = write_inventory(deployed, tmp_path, **{"a10-1": {"vllm_max_model_len": 1280}})
+    inv = write_inventory(deployed, tmp_path, **{"a10-1": {"vllm_max_model_len": 1280, "vllm_stable_seconds": 2}})
     proc = subprocess.Popen([sys.executable, "-m", "ernie_deploy", "deploy", "-i", str(inv), "--limit", "a10-1",
                              "--startup-budget", "600"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -290,11 +297,20 @@ def test_concurrent_deploy_is_refused_and_ctrl_c_releases_the_lock(capsys: pytes
         assert f"(pid {proc.pid})" in hosts["a10-1"]["message"]
         assert proc.poll() is None, "the first deploy should still be waiting for the loading instance"
         interrupted = time.monotonic()
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
-        assert proc.returncode == 130 and "interrupted" in err
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == code and "interrupted" in err
+        assert "a10-1" in out and "PLAY RECAP" in out  # every host's result, not a bare traceback
         assert time.monotonic() - interrupted < 10
         assert lab.ssh("a10-1", "test -e /var/lib/ernie-deploy/lock").returncode != 0
+        if sig == signal.SIGTERM:
+            # Re-deploy a change over the instance that is still loading (load times short again).
+            lab.ssh("a10-1", "rm -f /etc/ernie-lab/faults.json")
+            again = write_inventory(deployed, tmp_path, **{"a10-1": {"vllm_max_model_len": 1408,
+                                                                     "vllm_stable_seconds": 2}})
+            rc, hosts = deploy(capsys, again, "--limit", "a10-1")
+            assert rc == 0 and hosts["a10-1"]["restarted"] == ["ernie-vllm-0.service"], hosts
+            assert hosts["a10-1"]["message"] == "changed; every (re)started instance verified"
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -430,3 +446,124 @@ def test_staged_but_not_activated_units_are_restarted_by_the_next_deploy(
     assert rc == 0 and hosts["a10-1"]["restarted"] == ["ernie-vllm-0.service"], hosts
     assert "staged by an earlier run" in hosts["a10-1"]["reasons"]["ernie-vllm-0.service"]
     assert start_times(lab, "a10-1") != before
+
+
+def faults(lab: Lab, host: str, knobs: dict[str, object] | None) -> None:
+    if knobs is None:
+        lab.ssh(host, "rm -f /etc/ernie-lab/faults.json")
+    else:
+        lab.ssh(host, "mkdir -p /etc/ernie-lab && cat > /etc/ernie-lab/faults.json", input=json.dumps(knobs))
+
+
+def unit_show(lab: Lab, host: str, *props: str) -> dict[str, str]:
+    out = lab.ssh(host, f"systemctl show -p {','.join(props)} ernie-vllm-0.service").stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def healthy(state: LabState, host: str) -> bool:
+    url = f"http://{state.host(host).address}:8000/health"
+    return subprocess.run(["curl", "-sf", "-o", "/dev/null", url], timeout=10).returncode == 0
+
+
+def test_crash_loop_is_not_running_and_its_verdict_clears(capsys: pytest.CaptureFixture[str], lab: Lab,
+                                                          deployed: LabState, tmp_path: Path) -> None:
+    """A unit that crash-loops is never "all running": with the fault removed, deploy restarts it and waits for
+    readiness. And a loop that healed by itself (systemd's own restarts) stops counting once the new process
+    has stayed up for the stability window: verify passes, deploy has nothing to do."""
+    host = {"vllm_stable_seconds": 3}
+    try:
+        faults(lab, "a10-2", {"fail_startup": "traceback"})
+        first = write_inventory(deployed, tmp_path, **{"a10-2": {**host, "vllm_max_model_len": 1152}})
+        rc, hosts = deploy(capsys, first, "--limit", "a10-2")
+        assert rc == 2 and hosts["a10-2"]["status"] == "failed", hosts
+        faults(lab, "a10-2", None)
+        rc, hosts = deploy(capsys, first, "--limit", "a10-2")
+        assert rc == 0 and hosts["a10-2"]["restarted"] == ["ernie-vllm-0.service"], hosts
+        assert hosts["a10-2"]["message"] == "changed; every (re)started instance verified"
+
+        # Again, but this time systemd's own restarts heal it: no deploy in between.
+        faults(lab, "a10-2", {"fail_startup": "traceback"})
+        inv = write_inventory(deployed, tmp_path, **{"a10-2": {**host, "vllm_max_model_len": 1280}})
+        rc, hosts = deploy(capsys, inv, "--limit", "a10-2")
+        assert rc == 2
+        assert wait_for(lambda: int(unit_show(lab, "a10-2", "NRestarts")["NRestarts"] or 0) >= 2, timeout=40)
+        faults(lab, "a10-2", None)
+        assert wait_for(lambda: healthy(deployed, "a10-2"), timeout=40)
+        time.sleep(3.5)  # the stability window
+        capsys.readouterr()
+        rc = main(["verify", "-i", str(inv), "--limit", "a10-2", "--json"])
+        (verified,) = json.loads(capsys.readouterr().out)["hosts"]
+        systemd = next(c for c in verified["checks"] if c["name"] == "systemd")
+        assert rc == 0 and systemd["status"] == "pass" and "earlier" in systemd["summary"], verified
+        rc, hosts = deploy(capsys, inv, "--limit", "a10-2")
+        assert rc == 0 and hosts["a10-2"]["status"] == "ok", hosts
+    finally:
+        faults(lab, "a10-2", None)
+        lab.ssh("a10-2", CLEAN)
+
+
+def test_death_inside_the_stability_window_fails_the_deploy(capsys: pytest.CaptureFixture[str], lab: Lab,
+                                                           deployed: LabState, tmp_path: Path) -> None:
+    """An engine that dies 3 s after becoming ready is caught by a 6 s window (vllm_stable_seconds)."""
+    try:
+        faults(lab, "a10-2", {"crash_after_s": 3})
+        inv = write_inventory(deployed, tmp_path, **{"a10-2": {"vllm_stable_seconds": 6, "vllm_max_model_len": 1536}})
+        rc, hosts = deploy(capsys, inv, "--limit", "a10-2")
+        assert rc == 2 and hosts["a10-2"]["status"] == "failed", hosts
+        assert "503" in hosts["a10-2"]["message"] or "died" in hosts["a10-2"]["message"] \
+            or "Engine" in hosts["a10-2"]["message"], hosts["a10-2"]["message"]
+    finally:
+        faults(lab, "a10-2", None)
+        lab.ssh("a10-2", CLEAN)
+
+
+def test_leftover_instances_are_listed_and_block_their_gpus(capsys: pytest.CaptureFixture[str], lab: Lab,
+                                                            deployed: LabState, tmp_path: Path) -> None:
+    """Units the plan no longer has are listed by --check, deploy and verify; one on GPUs the plan needs fails
+    the host before anything is changed, naming the unit and --prune."""
+    two = write_inventory(deployed, tmp_path, **{"a10-2": {"vllm_instances": 2, "vllm_tensor_parallel_size": 1,
+                                                           "vllm_stable_seconds": 1}})
+    try:
+        rc, hosts = deploy(capsys, two, "--limit", "a10-2")
+        assert rc == 0, hosts
+        before = lab.ssh("a10-2", f"sha256sum {UNITS_GLOB}").stdout
+        one = write_inventory(deployed, tmp_path, **{"a10-2": {"vllm_stable_seconds": 1}})
+        rc, hosts = deploy(capsys, one, "--limit", "a10-2", "--check")
+        assert hosts["a10-2"]["leftover"] == ["ernie-vllm-1.service"]
+        rc, hosts = deploy(capsys, one, "--limit", "a10-2")
+        assert rc == 2 and "ernie-vllm-1.service is not in the plan" in hosts["a10-2"]["message"], hosts
+        assert "--prune" in hosts["a10-2"]["hint"]
+        assert lab.ssh("a10-2", f"sha256sum {UNITS_GLOB}").stdout == before  # nothing was changed
+        capsys.readouterr()
+        main(["verify", "-i", str(one), "--limit", "a10-2", "--json"])
+        (verified,) = json.loads(capsys.readouterr().out)["hosts"]
+        assert any(c["name"] == "leftover" and "ernie-vllm-1" in c["summary"] for c in verified["checks"]), verified
+        rc, hosts = deploy(capsys, one, "--limit", "a10-2", "--prune")
+        assert rc == 0 and hosts["a10-2"]["pruned"] == ["ernie-vllm-1.service"], hosts
+    finally:
+        lab.ssh("a10-2", CLEAN)
+
+
+def test_dropins_are_drift(capsys: pytest.CaptureFixture[str], lab: Lab, deployed: LabState, tmp_path: Path) -> None:
+    """A `systemctl edit` override of ExecStart is never "nothing to change": --check/--diff show it, deploy
+    refuses the host naming the file, --prune removes it and restarts the unit to the plan."""
+    inv = write_inventory(deployed, tmp_path, **{"a10-2": {"vllm_stable_seconds": 1}})
+    dropin = "/etc/systemd/system/ernie-vllm-0.service.d/override.conf"
+    try:
+        rc, hosts = deploy(capsys, inv, "--limit", "a10-2")
+        assert rc == 0, hosts
+        exec_start = lab.ssh("a10-2", "systemctl show -p ExecStart --value ernie-vllm-0.service").stdout
+        assert "--tensor-parallel-size" in exec_start or "serve" in exec_start
+        lab.ssh("a10-2", f"mkdir -p {dropin.rsplit('/', 1)[0]} && printf '[Service]\\nEnvironment=X_EDITED=1\\n' "
+                         f"> {dropin} && systemctl daemon-reload")
+        rc, hosts = deploy(capsys, inv, "--limit", "a10-2", "--check", "--diff")
+        assert hosts["a10-2"]["dropins"] == [dropin] and any("X_EDITED" in d for d in hosts["a10-2"]["diffs"])
+        rc, hosts = deploy(capsys, inv, "--limit", "a10-2")
+        assert rc == 2 and dropin in hosts["a10-2"]["message"] and "--prune" in hosts["a10-2"]["hint"], hosts
+        assert lab.ssh("a10-2", f"test -f {dropin}").returncode == 0
+        rc, hosts = deploy(capsys, inv, "--limit", "a10-2", "--prune")
+        assert rc == 0 and hosts["a10-2"]["restarted"] == ["ernie-vllm-0.service"], hosts
+        assert lab.ssh("a10-2", f"test -e {dropin}").returncode != 0
+        assert "X_EDITED" not in lab.ssh("a10-2", "systemctl show -p Environment ernie-vllm-0.service").stdout
+    finally:
+        lab.ssh("a10-2", f"rm -rf {dropin.rsplit('/', 1)[0]}; " + CLEAN)
