@@ -18,7 +18,8 @@ class ExitCode(IntEnum):
     UNREACHABLE = 4
     INPUT = 5  # bad input or usage: inventory, data file, template, playbook, arguments
     LOCKED = 6  # a host's deploy lock is held by another run
-    INTERRUPTED = 130  # Ctrl-C
+    INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
+    TERMINATED = 143  # SIGTERM (128 + SIGTERM); SIGHUP gives 129
 
 
 class DeployError(Exception):

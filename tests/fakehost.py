@@ -70,6 +70,8 @@ class FakeHost:
     unreachable: bool = False
     restart_marker: bool = True  # False: activate prints no marker (a host that swallows output)
     serve_len: int | None = None  # /v1/models reports this max_model_len instead of the unit's
+    model_readable: bool | None = None  # can vllm_user read config.json (None: no such user on the host)
+    killed_on_stop: bool = False  # activate reports the old process was SIGKILLed after TimeoutStopSec
     fail_on: Op | None = None  # raise an unexpected (non-ernie) exception on this operation
 
     def facts_text(self) -> str:
@@ -80,7 +82,9 @@ class FakeHost:
         return (f"\n{MARK}gpus\n{gpus}\nrc=0\n{MARK}topo\n\n{MARK}systemd\nsystemd 252\n"
                 f"{MARK}files\n{hashes}\n{MARK}units\n{units}\n"
                 f"{MARK}now\n{10**9}\n{MARK}health\n" + "".join(f"{u} 200\n" for u in self.active) +
-                f"{MARK}model\n{CONFIG}\nrc=0\n{MARK}vllm\n0.34.0\nrc=0\n{MARK}pending\n"
+                f"{MARK}model\n{CONFIG}\nrc=0\n{MARK}modeluser\n"
+                + {True: "readable\n", False: "unreadable\n", None: ""}[self.model_readable]
+                + f"{MARK}vllm\n0.34.0\nrc=0\n{MARK}pending\n"
                 + "\n".join(sorted(self.pending)) + f"\n{MARK}end\n")
 
     def unit_names(self) -> list[str]:
@@ -116,7 +120,8 @@ class FakeHost:
             self.pending.discard(u)
         if not self.restart_marker:
             return ""
-        return "".join(f"{MARK}started {u} run-{self.active[u]} 0\n" for u in cmd.units)
+        killed = "".join(f"{MARK}killed {u}\n" for u in cmd.units if self.killed_on_stop and self.active[u] > 1)
+        return "".join(f"{MARK}started {u} run-{self.active[u]} 0\n" for u in cmd.units) + killed
 
     def probe(self, cmd: Command) -> str:
         requests = json.loads(cmd.stdin)["requests"] if cmd.stdin else []

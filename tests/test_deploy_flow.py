@@ -224,3 +224,18 @@ def test_deploy_uses_custom_templates(tmp_path: Path) -> None:
     fakes = {"a": FakeHost()}
     runner(fakes, templates=mine).run(inventory(tmp_path, {"a": {}}))
     assert fakes["a"].files["/etc/systemd/system/ernie-vllm-0.service"].startswith("# site template\n")
+
+
+def test_model_unreadable_by_the_service_user_fails_before_anything_changes(tmp_path: Path) -> None:
+    fakes = {"a": FakeHost(model_readable=False)}
+    (r,) = runner(fakes).run(inventory(tmp_path, {"a": {}}))
+    assert r.status is Status.FAILED and fakes["a"].files == {}
+    assert "not readable by vllm_user 'vllm'" in r.findings[0].message and "chmod" in (r.findings[0].fix or "")
+
+
+def test_a_stop_that_ended_in_sigkill_is_reported(tmp_path: Path) -> None:
+    fakes = {"a": FakeHost(killed_on_stop=True)}
+    runner(fakes).run(inventory(tmp_path, {"a": {}}))
+    (r,) = runner(fakes).run(inventory(tmp_path, {"a": {"vllm_max_model_len": 2048}}))
+    (stop,) = [c for c in r.checks if c.name == "stop"]
+    assert stop.status == "warn" and "SIGKILL" in stop.summary and "in flight" in stop.summary

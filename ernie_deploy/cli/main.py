@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ernie-deploy",
         description="Plan, render and deploy vLLM services (ERNIE-4.5 or any Hugging Face model) on GPU hosts.",
         epilog="Exit codes: 0 ok · 1 a plan has errors · 2 a host failed · 4 a host unreachable · 5 bad input or "
-               "usage · 6 a deploy lock is held · 130 interrupted.",
+               "usage · 6 a deploy lock is held · 130 interrupted (143 SIGTERM).",
     )
     parser.add_argument("--version", action="version", version=f"ernie-deploy {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0,

@@ -45,7 +45,7 @@ def discovered(facts: HostFacts) -> Discovered:
         gpu_name=facts.gpus[0].name if len(names) == 1 else (", ".join(sorted(names)) or None),
         gpu_count=len(facts.gpus), gpu_memory_mib=min((g.memory_mib for g in facts.gpus), default=None),
         nvlink=facts.nvlink, gpu_error=facts.gpu_error if facts.gpus or facts.gpu_error else "no GPUs listed",
-        model_config=facts.model_config, model_error=facts.model_error,
+        model_config=facts.model_config, model_error=facts.model_error, model_readable=facts.model_readable,
         vllm_version=facts.vllm_version, vllm_error=facts.vllm_error,
     )
 

@@ -158,6 +158,12 @@ def _plan_host(host: HostLike, ctx: PlanContext, discovered: Discovered | None) 
     if discovered is not None and discovered.model_config is None:
         raise DeployError(f"no readable config.json under {model_path} on the host: {discovered.model_error}",
                           where=where, hint="put the model there (or set vllm_model to where it is)")
+    if discovered is not None and discovered.model_readable is False:
+        # Facts are read as root; vLLM runs as vllm_user and would fail to open the file.
+        raise DeployError(f"{model_path.rstrip('/')}/config.json is not readable by vllm_user "
+                          f"{base.get('user', 'vllm')!r} (vLLM runs as that user)", where=where,
+                          hint=f"make the model directory readable: chmod -R o+rX {model_path} (or chown it to "
+                               "that user)")
     if discovered is not None and discovered.model_config is not None:
         model = spec_from_config(discovered.model_config, posixpath.basename(model_path.rstrip("/")),
                                  f"{where}:{model_path.rstrip('/')}/config.json")

@@ -23,6 +23,7 @@ class Discovered:
     gpu_error: str | None = None
     model_config: dict[str, Any] | None = None
     model_error: str | None = None
+    model_readable: bool | None = None  # can vllm_user read config.json (None: not known)
     vllm_version: str | None = None
     vllm_error: str | None = None
 

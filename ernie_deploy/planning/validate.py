@@ -102,7 +102,29 @@ def check_context(inst: InstancePlan, model: ModelSpec, version: Version) -> lis
         fix=f"set vllm_max_model_len to {model.derived_max_len} or less", instance=inst.unit)]
 
 
-def check_memory(inst: InstancePlan, model: ModelSpec, gpu: GpuType, version: Version) -> list[Finding]:
+def _weights_fix(inst: InstancePlan, model: ModelSpec, gpu: GpuType, gpu_count: int) -> str:
+    """The smallest TP whose weights and KV cache fit this GPU (and how many GPUs it takes), or the GPU memory
+    the model needs at this host's GPU count."""
+    mml, util, pp = inst.max_model_len, inst.gpu_memory_utilization, inst.pipeline_parallel_size
+    for tp in range(inst.tensor_parallel_size + 1, 65):
+        if model.num_attention_heads % tp:
+            continue
+        m = memory_for(tp, pp, mml, util, model, gpu)
+        if m is not None and m.fits:
+            gpus = tp * pp
+            where = "this host has them" if gpus <= gpu_count else f"this host has {gpu_count}"
+            return (f"set vllm_tensor_parallel_size to {tp}, the smallest that fits: {gpus} × {gpu.name} per "
+                    f"instance ({where})")
+    tp = max(t for t in range(1, gpu_count + 1) if model.num_attention_heads % t == 0)
+    at = memory_for(tp, pp, mml, util, model, gpu)
+    if at is None:
+        return "use GPUs with more memory"
+    need = (at.weights_per_gpu + at.activation_bytes + at.runtime_bytes + at.one_sequence_bytes) / util
+    return f"at this host's {gpu_count} GPU(s) (TP {tp}) each GPU needs about {need / GIB:.0f} GiB: use larger GPUs"
+
+
+def check_memory(inst: InstancePlan, model: ModelSpec, gpu: GpuType, version: Version,
+                 gpu_count: int = 1) -> list[Finding]:
     m = inst.memory
     if m is None:
         return []
@@ -110,6 +132,16 @@ def check_memory(inst: InstancePlan, model: ModelSpec, gpu: GpuType, version: Ve
     if not 0 < u <= 1:
         return [Finding(Severity.ERROR, "gpu-memory-utilization", f"gpu_memory_utilization must be in (0, 1], got {u}",
                         fix="set vllm_gpu_memory_utilization to e.g. 0.9", instance=inst.unit)]
+    if m.weights_per_gpu > m.budget_bytes:
+        # vLLM loads the weights before it profiles memory: a model that does not fit fails right there, with
+        # PyTorch's allocator error, long before "No available memory for the cache blocks".
+        return [Finding(
+            Severity.ERROR, "weights-exceed-gpu",
+            f"the weights need {m.weights_per_gpu / GIB:.2f} GiB per GPU at TP {inst.tensor_parallel_size}; "
+            f"{u} × {gpu.memory_mib} MiB of one {gpu.name} is {m.budget_bytes / GIB:.2f} GiB",
+            vllm_message="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate … (while loading the "
+                         "model weights)",
+            fix=_weights_fix(inst, model, gpu, gpu_count), instance=inst.unit)]
     if m.kv_pool_bytes <= 0:
         return [Finding(
             Severity.ERROR, "kv-no-memory",
@@ -252,7 +284,7 @@ def check_instance(inst: InstancePlan, model: ModelSpec, gpu: GpuType, gpu_count
     findings = check_parallel(inst, model, gpu_count, version) + check_context(inst, model, version)
     findings += check_versioned(inst, model, version, version_text)
     if not findings or all(f.severity is not Severity.ERROR for f in findings):
-        findings += check_memory(inst, model, gpu, version)
+        findings += check_memory(inst, model, gpu, version, gpu_count)
         findings += check_topology(inst, model, gpu, gpu_count)
     return findings
 
