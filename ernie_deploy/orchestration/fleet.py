@@ -64,7 +64,6 @@ class Fleet:
         self.options = options
         self.progress: Progress = progress or (lambda host, what: None)
         self.abort = threading.Event()
-        self.interrupted = False
         self.signal: int | None = None  # the signal that stopped the run (SIGINT for Ctrl-C)
 
     def runs(self, hosts: Sequence[RemoteHost]) -> list[HostRun]:
@@ -85,11 +84,7 @@ class Fleet:
         todo = [r for r in runs if not r.result.finished]
         if not todo:
             return
-        claimed: set[int] = set()  # runs a worker picked up
-        self._each(todo, lambda run: self._guarded(run, work, claimed))
-        for run in todo:  # every worker has finished: a host none picked up never started
-            if id(run) not in claimed:
-                run.result.fail(Status.SKIPPED, "skipped before changing anything: interrupted")
+        self._each(todo, lambda run: self._guarded(run, work))
 
     def _each(self, runs: Sequence[HostRun], fn: Callable[[HostRun], None]) -> None:
         """fn on every run, `forks` at a time; returns only when every worker has finished, also after a signal:
@@ -112,7 +107,7 @@ class Fleet:
             finally:
                 done[k].set()
 
-        with self._signals():
+        with self.signals():
             for k in range(count):
                 threading.Thread(target=worker, args=(k,), daemon=True, name=f"ernie-deploy-{k}").start()
             for event in done:
@@ -120,10 +115,11 @@ class Fleet:
                     pass
 
     @contextlib.contextmanager
-    def _signals(self) -> Iterator[None]:
-        """While workers run, Ctrl-C, SIGTERM and SIGHUP stop the run the same clean way: no new host is
+    def signals(self) -> Iterator[None]:
+        """While a run is in progress, Ctrl-C, SIGTERM and SIGHUP stop it the same clean way: no new host is
         started, running ones stop at their next check, every lock is released, every result printed.
-        The handlers only set flags, so a signal can never tear a half-started or half-counted worker."""
+        The handlers only set flags, so a signal can never tear a half-started worker or skip a release.
+        Operations wrap their whole run (phases and close) in it; nesting is harmless."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
@@ -132,7 +128,7 @@ class Fleet:
         def stop(signum: int, frame: object) -> None:
             if self.signal is None:
                 self.signal = signum
-            self._interrupt()
+            self.abort.set()
 
         for sig in STOP_SIGNALS:
             signal.signal(sig, stop)
@@ -142,14 +138,11 @@ class Fleet:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
-    def _interrupt(self) -> None:
-        self.interrupted = True
-        if self.signal is None:
-            self.signal = signal.SIGINT
-        self.abort.set()
+    @property
+    def interrupted(self) -> bool:
+        return self.signal is not None
 
-    def _guarded(self, run: HostRun, work: Callable[[HostRun], None], claimed: set[int]) -> None:
-        claimed.add(id(run))  # set.add is atomic under the GIL
+    def _guarded(self, run: HostRun, work: Callable[[HostRun], None]) -> None:
         result = run.result
         started = time.monotonic()
         try:
@@ -168,10 +161,6 @@ class Fleet:
                         exc.hint)
         except DeployError as exc:
             result.fail(Status.FAILED, _message(run, exc), exc.hint)
-        except KeyboardInterrupt:  # normally the main thread's; should a worker see it, it means the same
-            self._interrupt()
-            result.fail(Status.FAILED if result.status is not Status.OK else Status.SKIPPED,
-                        "stopped: interrupted", result.hint)
         except Exception as exc:  # the guard: one host's bug must not end the run without results
             log.debug("%s: unexpected error", run.host.name, exc_info=True)
             result.fail(Status.FAILED, f"unexpected error: {type(exc).__name__}: {exc}",

@@ -24,10 +24,11 @@ def gather_facts(fleet: Fleet, ctx: PlanContext,
             run.data["facts"] = parse_facts(session.run(gather_command(pre.model_path or "/nonexistent",
                                                                        pre.bin or "vllm")).text)
 
-    try:
-        fleet.phase(runs, one)
-    finally:
-        fleet.close(runs, lambda run: None)
+    with fleet.signals():
+        try:
+            fleet.phase(runs, one)
+        finally:
+            fleet.close(runs, lambda run: None)
     return [(r.result, r.data.get("facts")) for r in runs]
 
 
@@ -55,8 +56,9 @@ def lock_state(fleet: Fleet, hosts: Sequence[RemoteHost], *, break_: bool,
         run.data["lock"] = "broke " + run.data["lock"]
         run.result.status = Status.CHANGED
 
-    try:
-        fleet.phase(runs, one)
-    finally:
-        fleet.close(runs, lambda run: None)
+    with fleet.signals():
+        try:
+            fleet.phase(runs, one)
+        finally:
+            fleet.close(runs, lambda run: None)
     return [(r.result, r.data.get("lock", "")) for r in runs]

@@ -57,11 +57,12 @@ class Verifier:
         return self.fleet.signal
 
     def run(self, hosts: Sequence[RemoteHost]) -> list[HostResult]:
-        runs = self.fleet.runs(hosts)
-        try:
-            self.fleet.phase(runs, self._host)
-        finally:
-            self.fleet.close(runs, lambda run: None)
+        with self.fleet.signals():
+            runs = self.fleet.runs(hosts)
+            try:
+                self.fleet.phase(runs, self._host)
+            finally:
+                self.fleet.close(runs, lambda run: None)
         return [r.result for r in runs]
 
     def _host(self, run: HostRun) -> None:
