@@ -67,15 +67,9 @@ class Runner:
         return self.fleet.signal
 
     def run(self, hosts: Sequence[RemoteHost]) -> list[HostResult]:
-        with self.fleet.signals():
-            runs = self.fleet.runs(hosts)
-            opts = SnapshotOptions(lock=None if self.options.check else self.lock, lock_wait=self.options.lock_wait,
-                                   prune=self.options.prune)
-            try:
-                self.fleet.phase(runs, lambda run: self._snapshot(run, opts))
-                self.fleet.phase(runs, self._change)
-            finally:
-                self.fleet.close(runs, release_lock)
+        opts = SnapshotOptions(lock=None if self.options.check else self.lock, lock_wait=self.options.lock_wait,
+                               prune=self.options.prune)
+        runs = self.fleet.run(hosts, [lambda run: self._snapshot(run, opts), self._change], release_lock)
         return [r.result for r in runs]
 
     def _snapshot(self, run: HostRun, opts: SnapshotOptions) -> None:

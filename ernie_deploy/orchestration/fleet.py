@@ -66,8 +66,18 @@ class Fleet:
         self.abort = threading.Event()
         self.signal: int | None = None  # the signal that stopped the run (SIGINT for Ctrl-C)
 
-    def runs(self, hosts: Sequence[RemoteHost]) -> list[HostRun]:
-        return [HostRun(h, HostResult(h.name)) for h in hosts]
+    def run(self, hosts: Sequence[RemoteHost], phases: Sequence[Callable[[HostRun], None]],
+            release: Callable[[HostRun], None] = lambda run: None) -> list[HostRun]:
+        """An operation: its phases across all hosts in order, then release and close every host; signals
+        stop it cleanly at any point."""
+        with self.signals():
+            runs = [HostRun(h, HostResult(h.name)) for h in hosts]
+            try:
+                for work in phases:
+                    self.phase(runs, work)
+            finally:
+                self.close(runs, release)
+        return runs
 
     def connect(self, run: HostRun) -> Transport:
         if run.session is None:

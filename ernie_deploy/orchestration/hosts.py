@@ -15,8 +15,6 @@ from ernie_deploy.remote.facts import HostFacts, gather_command, parse_facts
 
 def gather_facts(fleet: Fleet, ctx: PlanContext,
                  hosts: Sequence[RemoteHost]) -> list[tuple[HostResult, HostFacts | None]]:
-    runs = fleet.runs(hosts)
-
     def one(run: HostRun) -> None:
         pre = plan_host(run.host, ctx)
         session = fleet.connect(run)
@@ -24,20 +22,13 @@ def gather_facts(fleet: Fleet, ctx: PlanContext,
             run.data["facts"] = parse_facts(session.run(gather_command(pre.model_path or "/nonexistent",
                                                                        pre.bin or "vllm")).text)
 
-    with fleet.signals():
-        try:
-            fleet.phase(runs, one)
-        finally:
-            fleet.close(runs, lambda run: None)
-    return [(r.result, r.data.get("facts")) for r in runs]
+    return [(r.result, r.data.get("facts")) for r in fleet.run(hosts, [one])]
 
 
 def lock_state(fleet: Fleet, hosts: Sequence[RemoteHost], *, break_: bool,
                force: bool = False) -> list[tuple[HostResult, str]]:
     """Each host's lock holder (as described), breaking the lock when asked: a holder that may still run
     (alive on this controller, or on another controller, where its pid cannot be checked) only with force."""
-    runs = fleet.runs(hosts)
-
     def one(run: HostRun) -> None:
         session = fleet.connect(run)
         with fleet.step(run, "show lock") as step:
@@ -56,9 +47,4 @@ def lock_state(fleet: Fleet, hosts: Sequence[RemoteHost], *, break_: bool,
         run.data["lock"] = "broke " + run.data["lock"]
         run.result.status = Status.CHANGED
 
-    with fleet.signals():
-        try:
-            fleet.phase(runs, one)
-        finally:
-            fleet.close(runs, lambda run: None)
-    return [(r.result, r.data.get("lock", "")) for r in runs]
+    return [(r.result, r.data.get("lock", "")) for r in fleet.run(hosts, [one])]

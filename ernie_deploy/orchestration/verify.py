@@ -57,13 +57,7 @@ class Verifier:
         return self.fleet.signal
 
     def run(self, hosts: Sequence[RemoteHost]) -> list[HostResult]:
-        with self.fleet.signals():
-            runs = self.fleet.runs(hosts)
-            try:
-                self.fleet.phase(runs, self._host)
-            finally:
-                self.fleet.close(runs, lambda run: None)
-        return [r.result for r in runs]
+        return [r.result for r in self.fleet.run(hosts, [self._host])]
 
     def _host(self, run: HostRun) -> None:
         result = run.result
