@@ -170,7 +170,9 @@ def test_healthy_tp2_passes_everything() -> None:
                                     kv_tokens_estimate=2_200_000))
     assert {r.status for r in res.values()} == {"pass"}
     tp = res["tensor_parallel"]
-    assert tp.summary == "Using tensor parallel size 2 ✓"
+    assert tp.summary.startswith("Using tensor parallel size 2 ✓ (")
+    # vLLM never prints that phrase: the evidence it stands on is in the summary itself.
+    assert "tensor_parallel_size=2" in tp.summary and "Worker_TP0, Worker_TP1 started" in tp.summary
     assert "tensor_parallel_size=2" in tp.evidence[0]
     assert sum("Worker_TP" in e for e in tp.evidence) == 2
     assert "131072" in res["max_model_len"].summary
@@ -181,7 +183,7 @@ def test_healthy_tp2_passes_everything() -> None:
 def test_tp1_without_workers_does_not_fail(fixture: str) -> None:
     res = by_name(check_startup_log(read(fixture), tp=1, max_model_len=None, kv_tokens_estimate=None))
     assert res["tensor_parallel"].status == "pass"
-    assert res["tensor_parallel"].summary == "Using tensor parallel size 1 ✓"
+    assert res["tensor_parallel"].summary.startswith("Using tensor parallel size 1 ✓ (")
 
 
 def test_092_worker_prefix_counts_ranks() -> None:
@@ -204,6 +206,36 @@ def test_worker_count_mismatch() -> None:
     tp = by_name(check_startup_log(lines, tp=4, max_model_len=4096, kv_tokens_estimate=None))["tensor_parallel"]
     assert tp.status == "fail"
     assert "3 TP worker process(es): Worker_TP0, Worker_TP1, Worker_TP2" in tp.summary
+
+
+def test_034_rank_lines_cross_check_the_workers() -> None:
+    # 0.34's rank line adds PCP, ETP and EPLB ranks (source-text fixture from the 0.34.0 wheel).
+    lines = read("real/SOURCE-ONLY-rank-line-0.34.log")
+    assert names("real/SOURCE-ONLY-rank-line-0.34.log") == []
+    res = by_name(check_startup_log(lines, tp=2, max_model_len=32768, kv_tokens_estimate=None))
+    tp = res["tensor_parallel"]
+    assert tp.status == "pass" and tp.summary.startswith("Using tensor parallel size 2 ✓ (")
+    assert [e.split(")")[0] for e in tp.evidence[1:]] == ["(Worker_TP0 pid=4251", "(Worker_TP1 pid=4252"]
+    assert "PCP rank 0, TP rank 1, ETP rank 1" in tp.evidence[2]
+    assert res["max_model_len"].status == "pass"
+    missing = [line for line in lines if "(Worker_TP1 " not in line]
+    tp = by_name(check_startup_log(missing, tp=2, max_model_len=None, kv_tokens_estimate=None))["tensor_parallel"]
+    assert tp.status == "fail" and "1 TP worker process(es): Worker_TP0" in tp.summary
+
+
+@pytest.mark.parametrize("form", [
+    "rank {r} in world size 2 is assigned as DP rank 0, PP rank 0, TP rank {r}, EP rank {r}",  # 0.11.0
+    "rank {r} in world size 2 is assigned as DP rank 0, PP rank 0, PCP rank 0, TP rank {r}, ETP rank {r}, "
+    "EP rank N/A, EPLB rank N/A",  # 0.34.0
+])
+def test_rank_lines_count_ranks_without_worker_prefixes(form: str) -> None:
+    head = read("real/SOURCE-ONLY-rank-line-0.34.log")[:2]
+    both = [f"INFO 07-06 22:51:55 [parallel_state.py:1] {form.format(r=r)}" for r in (0, 1)]
+    tp = by_name(check_startup_log(head + both, tp=2, max_model_len=None, kv_tokens_estimate=None))["tensor_parallel"]
+    assert tp.status == "pass" and tp.evidence[1:] == tuple(both)
+    tp = by_name(check_startup_log(head + both[:1], tp=2, max_model_len=None,
+                                   kv_tokens_estimate=None))["tensor_parallel"]
+    assert tp.status == "fail" and "1 TP worker process(es)" in tp.summary
 
 
 def test_guide_form_is_accepted_and_cross_checked() -> None:

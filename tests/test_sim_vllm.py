@@ -424,7 +424,7 @@ def test_sigterm_while_loading_exits_promptly(lab: Lab) -> None:
     lab.faults({"hang_loading": True})
     server = lab.start()
     deadline = time.monotonic() + 10
-    while "Starting to load model" not in server.log and time.monotonic() < deadline:
+    while "Loading model from scratch..." not in server.log and time.monotonic() < deadline:  # 0.34's form
         time.sleep(0.05)
     server.proc.send_signal(signal.SIGTERM)
     assert server.wait_exit(timeout=5) == -signal.SIGINT  # uncaught KeyboardInterrupt("terminated")
@@ -439,7 +439,9 @@ def test_runtime_faults(lab: Lab) -> None:
     lab.faults({"ports": {str(port): {"crash_after_s": 1.0, "health_503": True}}})
     assert server.request("GET", "/health")[0] == 503  # re-read per request
     assert server.wait_exit() == 1
-    assert "died unexpectedly, shutting down client." in server.log
+    # 0.34.0 v1/engine/core_client.py warns; 0.11.0 logged "Engine core proc … died unexpectedly" (ERROR).
+    assert "engine core exited unexpectedly; starting cleanup" in server.log
+    assert "EngineDeadError" in server.log
 
 
 def test_ignore_sigterm_and_orphan_memory(lab: Lab) -> None:

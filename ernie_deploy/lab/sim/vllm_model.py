@@ -269,11 +269,16 @@ def heads_error(model: ModelInfo, tp: int) -> StartupError:
     )
 
 
-def max_len_error(requested: int, derived: DerivedLen, profile: Profile) -> StartupError:
-    msg = (
+def max_len_exceeded(requested: int, derived: DerivedLen) -> str:
+    """The first sentence of the error, also logged (with LONG_LEN_WARNING) when VLLM_ALLOW_LONG_MAX_MODEL_LEN=1."""
+    return (
         f"User-specified max_model_len ({requested}) is greater than the derived max_model_len "
         f"({derived.key}={derived.value} or model_max_length={derived.model_max_length} in model's config.json)."
     )
+
+
+def max_len_error(requested: int, derived: DerivedLen, profile: Profile) -> StartupError:
+    msg = max_len_exceeded(requested, derived)
     if profile.max_len_old_wording:
         text = (
             f"{msg} This may lead to incorrect model outputs or CUDA errors. To allow overriding this "
@@ -385,14 +390,23 @@ def kv_too_small_error(plan: MemoryPlan, max_model_len: int, util: float, profil
 
 def cuda_oom_error(total: int, util: float) -> StartupError:
     """PyTorch's allocator message (torch ≥2.4 wording), raised while profiling the dummy forward pass."""
-    in_use = total * util
+    return _torch_oom(total, in_use=total * util, tried=2 * GIB)
+
+
+def load_oom_error(total: int, loaded: int) -> StartupError:
+    """The same allocator error while loading weights that do not fit the GPU (vLLM loads the weights before it
+    profiles memory, so this comes before any KV-cache message)."""
+    return _torch_oom(total, in_use=min(loaded, total - 64 * 1024 * 1024), tried=GIB // 2)
+
+
+def _torch_oom(total: int, *, in_use: float, tried: int) -> StartupError:
     free = total - in_use
     text = (
-        f"CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of {total / GIB:.2f} GiB "
-        f"of which {free / GIB:.2f} GiB is free. Including non-PyTorch memory, this process has "
-        f"{in_use / GIB:.2f} GiB memory in use. Of the allocated memory {in_use / GIB - 0.6:.2f} GiB is allocated "
-        "by PyTorch, and 112.00 MiB is reserved by PyTorch but unallocated. If reserved but unallocated memory "
-        "is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
+        f"CUDA out of memory. Tried to allocate {tried / GIB:.2f} GiB. GPU 0 has a total capacity of "
+        f"{total / GIB:.2f} GiB of which {free / GIB:.2f} GiB is free. Including non-PyTorch memory, this process "
+        f"has {in_use / GIB:.2f} GiB memory in use. Of the allocated memory {in_use / GIB - 0.6:.2f} GiB is "
+        "allocated by PyTorch, and 112.00 MiB is reserved by PyTorch but unallocated. If reserved but unallocated "
+        "memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
         "documentation for Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
     )
     return StartupError("worker", "torch.OutOfMemoryError", text)

@@ -27,6 +27,8 @@ from .vllm_http import ROUTES, ServerState, make_server
 from .vllm_log import VllmLog, report_startup_error
 from .vllm_model import (
     GIB,
+    LENGTH_KEYS,
+    LONG_LEN_WARNING,
     DerivedLen,
     EngineSettings,
     MemoryPlan,
@@ -44,7 +46,9 @@ from .vllm_model import (
     kv_dtype_bytes,
     kv_too_small_error,
     load_model,
+    load_oom_error,
     max_len_error,
+    max_len_exceeded,
     moe_tp_error,
     nccl_error,
     no_kv_memory_error,
@@ -57,6 +61,7 @@ from .vllm_model import (
 from .vllm_versions import DEFAULT_VERSION, Profile, has_ernie, profile_for
 
 DEFAULT_LOAD_SECONDS = 3.0
+AUTO_FIT_SHORT_MAX_MODEL_LEN = 8192  # 0.34.0 vllm/v1/core/kv_cache_planning.py:61: shorter fits are a warning
 CONTEXT_MIB = 500  # memory a process shows right after CUDA init, before weights
 PR_SET_NAME = 15
 PR_SET_PDEATHSIG = 1
@@ -196,6 +201,11 @@ def _fmt_gib(value: float) -> str:
     return f"{value / GIB:.2f}"
 
 
+def format_gib(value: float) -> str:
+    """vLLM 0.34's vllm/utils/mem_utils.py format_gib: `f"{round(b / GiB_bytes, 2)}"` (19.2, not 19.20)."""
+    return f"{round(value / GIB, 2)}"
+
+
 class Serve:
     """One `vllm serve` run: start-up checks and log, then the HTTP server, then shutdown."""
 
@@ -282,7 +292,7 @@ class Serve:
         self._vllm_config(model)
         self._pause(0.05)
         self._spawn_engine(model, max_len)
-        self._init_workers()
+        self._init_workers(model)
         self._model_init(model)
         plan = self._load_and_profile(model, max_len)
         self._go_live(model, max_len if a.max_model_len != -1 else self.auto_len, plan)
@@ -323,19 +333,26 @@ class Serve:
         return model
 
     def _max_model_len(self, model: ModelInfo) -> int:
-        derived: DerivedLen = derive_max_len(model, self.profile)
-        if derived.key is None:
-            self.log.warning(
-                "APIServer", "model.py:1831",
-                "The model's config.json does not contain any of the keys to determine the original maximum "
-                "length of the model. Assuming the model's maximum length is 2048.",
-            )
+        p = self.profile
+        derived: DerivedLen = derive_max_len(model, p)
         requested = self.args.max_model_len
+        if derived.key is None and requested in (None, -1):  # a given length is used as is, silently
+            keys = f" following keys to determine the original maximum length of the model: {list(LENGTH_KEYS)!r}."
+            self.log.warning(
+                "APIServer", "model.py:1832" if p.len_keys_listed else "model.py:2634",
+                "The model's config.json does not contain any of the"
+                + (keys if p.len_keys_listed else " keys to determine the original maximum length of the model.")
+                + " Assuming the model's maximum length is 2048.",
+            )
+        if self._forced("max_model_len") and requested in (None, -1):
+            requested = 2 * int(derived.value)  # the knob fails even without --max-model-len
         if requested is None or requested == -1:
             value = int(derived.value)
         elif requested > derived.value or self._forced("max_model_len"):
             if os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") == "1" and not self._forced("max_model_len"):
-                self.log.warning("APIServer", "model.py:1889", max_len_error(requested, derived, self.profile).message)
+                # logger.warning_once("%s %s", msg, warning) (0.11.0 config/model.py:1907, 0.34.0 :2722)
+                self.log.warning("APIServer", "model.py:1907" if p.len_keys_listed else "model.py:2722",
+                                 f"{max_len_exceeded(requested, derived)} {LONG_LEN_WARNING}")
                 value = requested
             else:
                 raise max_len_error(requested, derived, self.profile)
@@ -419,16 +436,28 @@ class Serve:
             self.pids[name] = spawn_holder(name)
             self.children.append(self.pids[name])
 
-    def _init_workers(self) -> None:
+    def _rank_line(self, rank: int, world: int, moe: bool) -> str:
+        """vLLM's initialize_model_parallel line (0.11.0 distributed/parallel_state.py:1208, 0.34.0 :2394)."""
+        tp = self.args.tensor_parallel_size
+        pp_rank, tp_rank = rank // tp, rank % tp
+        if not self.profile.rank_line_pcp:
+            return (f"rank {rank} in world size {world} is assigned as DP rank 0, PP rank {pp_rank}, TP rank "
+                    f"{tp_rank}, EP rank {tp_rank}")
+        # 0.34 builds no EP group for dense models ("N/A"), no EPLB group without --enable-eplb, and the
+        # Engram TP group is the TP group unless an Engram config says otherwise.
+        ep = str(tp_rank) if moe else "N/A"
+        return (f"rank {rank} in world size {world} is assigned as DP rank 0, PP rank {pp_rank}, PCP rank 0, "
+                f"TP rank {tp_rank}, ETP rank {tp_rank}, EP rank {ep}, EPLB rank N/A")
+
+    def _init_workers(self, model: ModelInfo) -> None:
         """Device init per rank: NCCL, custom all-reduce checks, and the free-memory check (locked)."""
         a, log = self.args, self.log
         world = a.tensor_parallel_size * a.pipeline_parallel_size
         host = simstate.load_host_gpus()
-        for rank, name in enumerate(self.layout.workers):
-            log.info(name, "parallel_state.py:1208",
-                     f"rank {rank} in world size {world} is assigned as DP rank 0, PP rank "
-                     f"{rank // a.tensor_parallel_size}, TP rank {rank % a.tensor_parallel_size}, EP rank "
-                     f"{rank % a.tensor_parallel_size}")
+        where = "parallel_state.py:2394" if self.profile.rank_line_pcp else "parallel_state.py:1208"
+        # Every GPU process logs its rank, the EngineCore too when it holds the only GPU (TP=PP=DP=1).
+        for rank, (name, _) in enumerate(self.layout.holders):
+            log.info(name, where, self._rank_line(rank, world, bool(model.num_experts)))
         if self._forced("nccl"):
             raise nccl_error()
         if a.tensor_parallel_size > 1 and not a.disable_custom_all_reduce:
@@ -478,10 +507,13 @@ class Serve:
             raise moe_tp_error(tp, model.num_experts)
 
     def _load_and_profile(self, model: ModelInfo, max_len: int) -> MemoryPlan:
-        log = self.log
+        log, v2 = self.log, self.profile.gpu_model_runner_v2
         holders = [name for name, _ in self.layout.holders]
         for name in holders:
-            log.info(name, "gpu_model_runner.py:2602", f"Starting to load model {self.model_path}...")
+            if v2:  # 0.34.0 vllm/v1/worker/gpu/model_runner.py:412 (info_once)
+                log.info(name, "model_runner.py:412", "Loading model from scratch...")
+            else:
+                log.info(name, "gpu_model_runner.py:2602", f"Starting to load model {self.model_path}...")
         started = time.monotonic()
         self._pause(0.45)
         while self.faults.get("hang_loading"):
@@ -489,11 +521,18 @@ class Serve:
         settings = self._engine_settings(max_len, model)
         gpu = self.gpus[0]
         plan = plan_memory(model, gpu.memory_total_mib * simstate.MIB, settings, self.profile)
+        if plan.weights + CONTEXT_MIB * simstate.MIB > plan.total:
+            raise load_oom_error(plan.total, plan.weights)
         took = time.monotonic() - started
         for name in holders:
-            log.info(name, "default_loader.py:268", f"Loading weights took {took * 0.8:.2f} seconds")
-            log.info(name, "gpu_model_runner.py:2653",
-                     f"Model loading took {plan.weights / GIB:.4f} GiB and {took:.6f} seconds")
+            log.info(name, "default_loader.py:543" if v2 else "default_loader.py:268",
+                     f"Loading weights took {took * 0.8:.2f} seconds")
+            if v2:
+                log.info(name, "model_runner.py:441",
+                         f"Model loading took {format_gib(plan.weights)} GiB memory and {took:.6f} seconds")
+            else:
+                log.info(name, "gpu_model_runner.py:2653",
+                         f"Model loading took {plan.weights / GIB:.4f} GiB and {took:.6f} seconds")
         weights_mib = plan.weights // simstate.MIB
         self.procs = [GpuProc(p.pid, p.gpu_uuid, CONTEXT_MIB + weights_mib, p.reserved_mib, p.process_name)
                       for p in self.procs]
@@ -504,8 +543,9 @@ class Serve:
         if self._forced("traceback"):
             raise generic_traceback_error()
         kv_where = "gpu_worker.py:796" if self.profile.newer_engine_fields else "gpu_worker.py:298"
+        kv_gib = format_gib(plan.available_kv) if v2 else _fmt_gib(plan.available_kv)
         for name in holders:
-            log.info(name, kv_where, f"Available KV cache memory: {_fmt_gib(plan.available_kv)} GiB")
+            log.info(name, kv_where, f"Available KV cache memory: {kv_gib} GiB")
         self._check_kv(plan, max_len)
         return plan
 
@@ -524,14 +564,21 @@ class Serve:
         Log texts per docs/vllm-facts.md#max-model-length.
         """
         fit = min(self.derived_len, plan.estimated_max_len())
-        if fit >= self.derived_len:
-            self.log.info(self.layout.engine, "kv_cache_utils.py:1203",
-                          f"Auto-fit max_model_len: full model context length {self.derived_len} fits in "
-                          f"available KV cache memory ({_fmt_gib(plan.available_kv)} GiB)")
+        engine, derived = self.layout.engine, self.derived_len
+        # vllm/v1/core/kv_cache_planning.py (0.34.0), the path without the extensible KV cache.
+        memory = f"{format_gib(plan.available_kv)} GiB GPU"
+        if fit >= derived:
+            self.log.info(engine, "kv_cache_planning.py:1466", f"Auto-fit max_model_len: full model context length "
+                          f"{derived} fits in available KV cache memory ({memory})")
+        elif fit >= AUTO_FIT_SHORT_MAX_MODEL_LEN:
+            self.log.info(engine, "kv_cache_planning.py:1494", f"--max-model-len auto reduced max_model_len from "
+                          f"{derived} to {fit} ({memory} available for the KV cache).")
         else:
-            self.log.info(self.layout.engine, "kv_cache_utils.py:1210",
-                          f"--max-model-len auto reduced max_model_len from {self.derived_len} to {fit} "
-                          f"({_fmt_gib(plan.available_kv)} GiB KV cache available).")
+            hint = ("Increase `gpu_memory_utilization` or set --max-model-len explicitly." if self.gpu_util < 1.0
+                    else "Use more GPUs or set --max-model-len explicitly.")
+            self.log.warning(engine, "kv_cache_planning.py:1506", f"--max-model-len auto reduced max_model_len "
+                             f"from {derived} to {fit} ({memory} available for the KV cache). Requests longer "
+                             f"than {fit} tokens will be rejected. {hint}")
         self.auto_len = fit
 
     def _go_live(self, model: ModelInfo, max_len: int, plan: MemoryPlan) -> None:
@@ -551,8 +598,9 @@ class Serve:
         self._publish(0)
         if not a.enforce_eager:
             self._pause(0.20)
+            where = "model_runner.py:1216" if p.gpu_model_runner_v2 else "gpu_model_runner.py:3480"
             for name, _ in self.layout.holders:
-                log.info(name, "gpu_model_runner.py:3480",
+                log.info(name, where,
                          f"Graph capturing finished in {max(1, round(self.budget * 0.2))} secs, took "
                          f"{plan.cudagraph / GIB:.2f} GiB")
         elapsed = time.monotonic() - self.t0
@@ -581,7 +629,8 @@ class Serve:
         shown_host = a.host or "0.0.0.0"
         url = f"http://{shown_host}:{a.port}"
         if p.new_server_start:
-            log.info("APIServer", "api_server.py:139", f"Starting vLLM server on {url}")
+            log.info("APIServer", "entry.py:139" if p.launcher_entry else "api_server.py:139",
+                     f"Starting vLLM server on {url}")
         else:
             log.info("APIServer", "api_server.py:1912", f"Starting vLLM API server 0 on {url}")
         log.info("APIServer", "launcher.py:34", "Available routes are:")
@@ -623,10 +672,16 @@ class Serve:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         self.state.engine_dead = True
-        self.log.log("APIServer", "ERROR", "core_client.py:564",
-                     f"Engine core proc {self.layout.engine} died unexpectedly, shutting down client.")
+        new = self.profile.engine_exit_warning
+        if new:  # 0.34.0 v1/engine/core_client.py:869 (warning_once)
+            self.log.warning("APIServer", "core_client.py:869",
+                             "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup")
+        else:
+            self.log.log("APIServer", "ERROR", "core_client.py:564",
+                         f"Engine core proc {self.layout.engine} died unexpectedly, shutting down client.")
         time.sleep(1.0)
-        self.log.log("APIServer", "ERROR", "async_llm.py:480", "AsyncLLM output_handler failed.\n"
+        self.log.log("APIServer", "ERROR", "async_llm.py:957" if new else "async_llm.py:480",
+                     "AsyncLLM output_handler failed.\n"
                      "Traceback (most recent call last):\n"
                      "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace "
                      "(above) for the root cause.")

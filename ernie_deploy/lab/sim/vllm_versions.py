@@ -47,6 +47,20 @@ class Profile:
     newer_engine_fields: bool = False  # 0.34 engine-config line adds decode_context_parallel_size, …
     # --shutdown-timeout arrived with vLLM PR #34730, "included in the v0.18.0 release" (llm-d issue #927).
     has_shutdown_timeout: bool = False
+    # Log forms read from the 0.11.0 and 0.34.0 wheels (tests/fixtures/vllm-formats/). Each changed somewhere
+    # between the two; only the 0.34 profile has the new form [UNVERIFIED: the releases in between].
+    # The rank line gains PCP, ETP and EPLB ranks (EP/EPLB "N/A" without those groups).
+    rank_line_pcp: bool = False
+    # vllm/v1/worker/gpu/model_runner.py replaces gpu_model_runner.py: "Loading model from scratch...",
+    # "Model loading took %s GiB memory and %.6f seconds"; GiB values through format_gib (round(x, 2)).
+    gpu_model_runner_v2: bool = False
+    # "Starting vLLM server on %s" from entrypoints/launchers/api_server/entry.py (not api_server.py).
+    launcher_entry: bool = False
+    # The 2048-fallback warning lists vLLM's length keys (0.11) or not (0.34).
+    len_keys_listed: bool = True
+    # Engine death seen by the API server: "Engine core proc %s died unexpectedly, shutting down client."
+    # (ERROR, 0.11) or "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup" (WARNING, 0.34).
+    engine_exit_warning: bool = False
 
 
 _BASE = Profile(version="0.11.0")
@@ -96,6 +110,11 @@ PROFILES[(0, 34, 0)] = replace(
     init_took_unit="s",
     kv_subtracts_cudagraph=True,
     newer_engine_fields=True,
+    rank_line_pcp=True,
+    gpu_model_runner_v2=True,
+    launcher_entry=True,
+    len_keys_listed=False,
+    engine_exit_warning=True,
 )
 
 
