@@ -132,3 +132,14 @@ def test_architecture_rename_agrees(tmp_path: Path, version: str, code: str | No
     finding = next(f for f in plan.findings if f.code == code)  # type: ignore[attr-defined]
     assert exit_code not in (None, 0)
     assert (finding.vllm_message or "").split(" Supported architectures")[0] in log
+
+
+def test_weights_larger_than_the_gpu_fail_at_load_in_both(tmp_path: Path) -> None:
+    """ERNIE-4.5-21B on one A10: the planner names vLLM's load-time CUDA OOM (not the KV-cache error), and the
+    simulator fails with it while loading, before any KV-cache line."""
+    moe = ROOT / "ernie_deploy/data/models/ERNIE-4.5-21B-A3B-PT/config.json"
+    plan, log, exit_code = run_case(tmp_path, 1, config=moe)
+    finding = next(f for f in plan.findings if f.code == "weights-exceed-gpu")  # type: ignore[attr-defined]
+    assert exit_code not in (None, 0)
+    assert (finding.vllm_message or "") in log
+    assert "Available KV cache memory" not in log and "No available memory for the cache blocks" not in log

@@ -27,6 +27,10 @@ _USING_LEN = re.compile(r"^Using max model len (\d+)")
 _WORKER = re.compile(
     r"^\((?:Worker(?:_DP\d+)?(?:_PP\d+)?_TP(?P<tp>\d+)(?:_EP\d+)?|VllmWorker rank=(?P<rank>\d+)) pid=\d+\)"
 )
+# initialize_model_parallel's rank line: 0.11.0 `rank %s in world size %s is assigned as DP rank %s, PP rank %s,
+# TP rank %s, EP rank %s`; 0.34.0 adds `PCP rank %s, ` before the TP rank (vllm/distributed/parallel_state.py).
+_RANK = re.compile(r"^rank \d+ in world size \d+ is assigned as DP rank \d+, PP rank \d+, (?:PCP rank \d+, )?"
+                   r"TP rank (?P<tp>\d+)\b")
 _KV_SIZE = re.compile(r"KV cache size: (?P<tokens>[\d,]+) tokens")
 _CONCURRENCY = re.compile(r"Maximum concurrency for (?P<len>[\d,]+) tokens per request: (?P<x>[\d.]+)x")
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
@@ -71,14 +75,21 @@ def _tp_evidence(seg: Sequence[str]) -> list[tuple[str, int, str]]:
 
 
 def _workers(seg: Sequence[str]) -> dict[int, str]:
-    """First line of each distinct TP worker rank (V1 `Worker_TPk`, 0.9.2 `VllmWorker rank=k`)."""
+    """First line of each distinct TP worker rank (V1 `Worker_TPk`, 0.9.2 `VllmWorker rank=k`).
+
+    Without any worker process prefix (a single-GPU EngineCore, or a log format without vLLM's prefix), the
+    rank lines' `TP rank k` say which ranks started instead."""
     ranks: dict[int, str] = {}
-    for line in seg:
-        m = _WORKER.match(JOURNAL_PREFIX.sub("", line.rstrip("\r\n"), count=1))
+    stated: dict[int, str] = {}
+    for raw in seg:
+        line = raw.rstrip("\r\n")
+        m = _WORKER.match(JOURNAL_PREFIX.sub("", line, count=1))
         if m:
             rank = int(m.group("tp") if m.group("tp") is not None else m.group("rank"))
-            ranks.setdefault(rank, line.rstrip("\r\n"))
-    return ranks
+            ranks.setdefault(rank, line)
+        elif r := _RANK.match(strip_prefix(line)):
+            stated.setdefault(int(r.group("tp")), line)
+    return ranks or stated
 
 
 def _check_tp(seg: Sequence[str], tp: int, instance: str | None) -> CheckResult:
@@ -105,12 +116,26 @@ def _check_tp(seg: Sequence[str], tp: int, instance: str | None) -> CheckResult:
                            fix="read the worker's error lines in the journal (NCCL, CUDA) and restart the unit",
                            instance=instance)
     if tp > 1 and not workers:
-        return CheckResult(name, "warn", f"Using tensor parallel size {tp}, but no Worker_TP lines to cross-check",
-                           quoted, instance=instance)
+        return CheckResult(name, "warn", f"Using tensor parallel size {tp}, but no Worker_TP lines to cross-check "
+                           f"({_stated(evidence)})", quoted, instance=instance)
     if tp == 1 and len(workers) > 1:
         return CheckResult(name, "fail", f"plan says TP 1, but the log shows {len(workers)} TP workers", quoted,
                            instance=instance)
-    return CheckResult(name, "pass", f"Using tensor parallel size {tp} ✓", quoted, instance=instance)
+    # vLLM never prints "Using tensor parallel size N": the phrase is ours (operators search for it), so the
+    # summary always carries the evidence it stands on.
+    prefixed = all(_WORKER.match(JOURNAL_PREFIX.sub("", line, count=1)) for line in worker_lines)
+    label = "Worker_TP" if prefixed else "TP rank "
+    ranks = f"; {', '.join(f'{label}{r}' for r in sorted(workers))} started" if workers else ""
+    return CheckResult(name, "pass", f"Using tensor parallel size {tp} ✓ ({_stated(evidence)}{ranks})", quoted,
+                       instance=instance)
+
+
+def _stated(evidence: Sequence[tuple[str, int, str]]) -> str:
+    """Where the TP size was read: `tensor_parallel_size=N` from vLLM's engine-config line, or the weaker ones."""
+    source, n, _ = evidence[0]
+    if source == "engine config":
+        return f"vLLM's engine config says tensor_parallel_size={n}"
+    return f"vLLM's {source} say TP {n}" if source == "non-default args" else f"the log says TP {n}"
 
 
 def _check_len(seg: Sequence[str], max_model_len: int | None, instance: str | None) -> CheckResult:

@@ -132,15 +132,14 @@ def check_memory(inst: InstancePlan, model: ModelSpec, gpu: GpuType, version: Ve
     if not 0 < u <= 1:
         return [Finding(Severity.ERROR, "gpu-memory-utilization", f"gpu_memory_utilization must be in (0, 1], got {u}",
                         fix="set vllm_gpu_memory_utilization to e.g. 0.9", instance=inst.unit)]
-    if m.weights_per_gpu > m.budget_bytes:
-        # vLLM loads the weights before it profiles memory: a model that does not fit fails right there, with
+    if m.weights_per_gpu > m.gpu_total_bytes:
+        # vLLM loads the weights before it profiles memory: weights larger than the GPU fail right there, with
         # PyTorch's allocator error, long before "No available memory for the cache blocks".
         return [Finding(
             Severity.ERROR, "weights-exceed-gpu",
             f"the weights need {m.weights_per_gpu / GIB:.2f} GiB per GPU at TP {inst.tensor_parallel_size}; "
-            f"{u} × {gpu.memory_mib} MiB of one {gpu.name} is {m.budget_bytes / GIB:.2f} GiB",
-            vllm_message="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate … (while loading the "
-                         "model weights)",
+            f"one {gpu.name} has {m.gpu_total_bytes / GIB:.2f} GiB",
+            vllm_message="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate",
             fix=_weights_fix(inst, model, gpu, gpu_count), instance=inst.unit)]
     if m.kv_pool_bytes <= 0:
         return [Finding(
