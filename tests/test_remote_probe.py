@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import subprocess
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 from ernie_deploy.remote import http, probe
 
@@ -69,3 +71,27 @@ def test_probe_command_carries_the_key_on_stdin_only() -> None:
                              "sk-secret")
     assert "sk-secret" not in cmd.script and b"sk-secret" in cmd.stdin
     assert cmd.script.index("@@ernie-deploy:http") < cmd.script.index("@@ernie-deploy:unit")
+
+
+def test_watch_script_passes_the_cursor_to_journalctl_exactly(tmp_path: Path) -> None:
+    """Run the real script with stand-in systemctl/journalctl: the cursor must arrive as one argument, unquoted
+    (a quoted cursor makes journalctl fail to seek, and the watch then sees no new line at all)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "systemctl").write_text('#!/bin/sh\ncase "$*" in *--value*) echo run-1;; *) echo Id=u.service;; esac\n')
+    (bin_dir / "journalctl").write_text("#!/bin/sh\nfor a in \"$@\"; do echo \"ARG:$a\"; done\n")
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    cursor = "s=abc;i=1d7;b=12;m=14;t=66;x=7d"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+    def args(invocation: str) -> list[str]:
+        cmd = probe.watch_command("u.service", invocation=invocation, cursor=cursor, requests=[], api_key=None)
+        out = subprocess.run(["sh", "-c", cmd.script], capture_output=True, text=True, env=env, check=True).stdout
+        return [line[4:] for line in out.splitlines() if line.startswith("ARG:")]
+
+    same_run = args("run-1")
+    assert f"--after-cursor={cursor}" in same_run
+    assert "_SYSTEMD_INVOCATION_ID=run-1" in same_run and "INVOCATION_ID=run-1" in same_run
+    new_run = args("run-0")  # systemd restarted it since: read the new run from its first line
+    assert not [a for a in new_run if a.startswith("--after-cursor")]

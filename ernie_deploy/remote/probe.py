@@ -44,7 +44,7 @@ def unit_script(unit: str, *, invocation: str | None = None, cursor: str | None 
     `cursor` while the run is still `invocation`. Lines of earlier runs (an old process's shutdown) never
     appear, so a watch after a restart judges only the new process."""
     q = shlex.quote
-    after = f"--after-cursor={q(cursor)}" if cursor else ""
+    after = f"--after-cursor={cursor}" if cursor else ""  # quoted once, as the value of A below
     return (f"printf '{MARK}unit %s\\n' {q(unit)}; {systemd.show_one(unit)}; "
             f"ID=$(systemctl show -p InvocationID --value {q(unit)}); "
             f"printf '{MARK}journal %s %s\\n' {q(unit)} \"$ID\"; "
