@@ -195,6 +195,8 @@ class FakeSession:
             Op.RELEASE_LOCK: lambda: setattr(h, "lock_info", None) or "",
             Op.PROBE: lambda: h.probe(cmd),
             Op.WATCH: lambda: h.probe(cmd),
+            Op.SHOW_LOCK: lambda: h.lock_info or "",
+            Op.BREAK_LOCK: lambda: setattr(h, "lock_info", None) or "",
             Op.READ_FILES: lambda: "".join(f"@@ernie-deploy:file {p}\n{c}" for p, c in h.files.items()),
         }
         if cmd.op not in answers:

@@ -239,3 +239,36 @@ def test_a_stop_that_ended_in_sigkill_is_reported(tmp_path: Path) -> None:
     (r,) = runner(fakes).run(inventory(tmp_path, {"a": {"vllm_max_model_len": 2048}}))
     (stop,) = [c for c in r.checks if c.name == "stop"]
     assert stop.status == "warn" and "SIGKILL" in stop.summary and "in flight" in stop.summary
+
+
+def test_a_lock_left_by_a_dead_process_on_this_controller_is_named_stale(tmp_path: Path) -> None:
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True).stdout.strip()  # a pid that has just ended
+    holder = json.dumps({"command": "ernie-deploy deploy", "controller": socket.gethostname(), "pid": int(gone),
+                         "since": 0, "token": "f00", "user": "alice"})
+    fakes = {"a": FakeHost(lock_info=holder)}
+    (r,) = runner(fakes).run(inventory(tmp_path, {"a": {}}))
+    assert r.status is Status.LOCKED and "stale" in r.message and "--break" in (r.hint or "")
+
+
+def test_breaking_a_lock_whose_holder_may_run_needs_force(tmp_path: Path) -> None:
+    import json
+    import os
+    import socket
+
+    from ernie_deploy.orchestration.fleet import Fleet, FleetOptions
+    from ernie_deploy.orchestration.hosts import lock_state
+
+    alive = json.dumps({"command": "c", "controller": socket.gethostname(), "pid": os.getpid(), "since": 0,
+                        "token": "f00", "user": "u"})
+    fakes = {"a": FakeHost(lock_info=alive)}
+    hosts = inventory(tmp_path, {"a": {}})
+    ((r, _),) = lock_state(Fleet(connector(fakes), FleetOptions()), hosts, break_=True)
+    assert r.status is Status.FAILED and "--force" in (r.hint or "") and fakes["a"].lock_info == alive
+    ((r, state),) = lock_state(Fleet(connector(fakes), FleetOptions()), hosts, break_=True, force=True)
+    assert r.status is Status.CHANGED and state.startswith("broke lock held by") and fakes["a"].lock_info is None

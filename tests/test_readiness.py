@@ -88,3 +88,22 @@ def test_budget_and_abort() -> None:
     assert isinstance(timeout, Readiness) and timeout.status == "timeout"
     aborted = step(State(started=0), obs(1, unit("activating"), None, None, aborted=True), SPEC)
     assert isinstance(aborted, Readiness) and aborted.status == "failed" and "aborted" in aborted.summary
+
+
+def test_a_stopped_unit_is_not_running_never_judged_on_an_old_run() -> None:
+    """verify of a stopped unit: the old run's start-up lines must not yield a TP ✓."""
+    from ernie_deploy.checks.playbook import Expectations
+    from ernie_deploy.inventory.inventory import load_inventory
+    from ernie_deploy.orchestration.instancecheck import instance_checks
+    from ernie_deploy.planning.plan import PlanContext, plan_host
+    from ernie_deploy.remote.probe import HostProbe
+
+    inv = Path(__file__).parent.parent / "inventory" / "example.yml"
+    host = next(iter(load_inventory(inv).select("gpu-a10-01.dc1")))
+    plan = plan_host(host, PlanContext.load())
+    inst = plan.instances[0]
+    old = [x for x in (LOGS / "healthy-0.34.0-tp2.log").read_text().splitlines() if not x.startswith("#")]
+    stopped = UnitProbe(UnitState(name=f"{inst.unit}.service", active_state="inactive", sub_state="dead"), old)
+    checks = instance_checks(plan, inst, HostProbe(units={f"{inst.unit}.service": stopped}), Expectations())
+    assert {c.name: c.status for c in checks} == {"systemd": "fail", "startup_log": "fail"}
+    assert "not running" in checks[1].summary

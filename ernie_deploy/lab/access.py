@@ -33,6 +33,9 @@ def write_known_hosts(path: Path, host_keys: dict[str, str]) -> None:
     path.chmod(0o644)
 
 
+LAB_STABLE_SECONDS = 2
+
+
 def inventory(hosts: Sequence[HostSpec], key: Path, known_hosts: Path) -> dict[str, Any]:
     """An Ansible YAML inventory: `all: children: lab: hosts:` plus the group vars deploy code reads."""
     return {
@@ -52,6 +55,8 @@ def inventory(hosts: Sequence[HostSpec], key: Path, known_hosts: Path) -> dict[s
                         "ernie_known_hosts": str(known_hosts),
                         "vllm_model": LAB_MODEL,
                         "vllm_bin": LAB_VLLM_BIN,
+                        # The simulated vLLM loads in seconds; a short stability window keeps rehearsals quick.
+                        "vllm_stable_seconds": LAB_STABLE_SECONDS,
                     },
                 }
             }

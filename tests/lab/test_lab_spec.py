@@ -123,6 +123,7 @@ def test_inventory_shape(tmp_path: Path) -> None:
                                   "vllm_host": "127.0.0.13"}
     assert lab["vars"]["ansible_ssh_private_key_file"] == str(tmp_path / "id_ed25519")
     assert lab["vars"]["ernie_known_hosts"] == str(tmp_path / "known_hosts")
+    assert lab["vars"]["vllm_stable_seconds"] == 2  # short windows for a simulator that loads in seconds
 
 
 def test_cli_registers_lab_subcommands() -> None:
