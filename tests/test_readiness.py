@@ -107,3 +107,18 @@ def test_a_stopped_unit_is_not_running_never_judged_on_an_old_run() -> None:
     checks = instance_checks(plan, inst, HostProbe(units={f"{inst.unit}.service": stopped}), Expectations())
     assert {c.name: c.status for c in checks} == {"systemd": "fail", "startup_log": "fail"}
     assert "not running" in checks[1].summary
+
+
+def test_a_unit_waiting_to_be_revived_is_a_crash_loop_however_old_its_last_start() -> None:
+    from ernie_deploy.orchestration.instancecheck import systemd_check
+    from ernie_deploy.planning.plantypes import InstancePlan
+
+    inst = InstancePlan(index=0, unit="ernie-vllm-0", port=8000, host="0.0.0.0", gpus=(0,), served_model_name="m",
+                        tensor_parallel_size=1, pipeline_parallel_size=1, max_model_len=None,
+                        gpu_memory_utilization=0.9, args=(), memory=None)
+    waiting = UnitState(active_state="activating", sub_state="auto-restart", n_restarts=3)
+    assert systemd_check(inst, waiting, [], up_s=500, stable_s=10).status == "fail"
+    assert "crash loop" in systemd_check(inst, waiting, [], up_s=500, stable_s=10).summary
+    healed = UnitState(active_state="active", sub_state="running", n_restarts=3, main_pid=7)
+    assert systemd_check(inst, healed, [], up_s=500, stable_s=10).status == "pass"
+    assert systemd_check(inst, healed, [], up_s=5, stable_s=10).status == "fail"

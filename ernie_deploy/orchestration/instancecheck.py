@@ -46,7 +46,9 @@ def systemd_check(inst: InstancePlan, state: UnitState, journal: list[str], up_s
     """Running, and not restarted by systemd within the stability window: every automatic restart starts a
     new process, so restarts before a process that has stayed up since are history, not a crash loop."""
     name = "systemd"
-    recent = state.n_restarts > 0 and (up_s is None or up_s < stable_s)
+    running = state.active_state == "active" and state.sub_state == "running"
+    # A process that is not up now (auto-restart pending) makes every restart recent.
+    recent = state.n_restarts > 0 and (not running or up_s is None or up_s < stable_s)
     if state.n_restarts >= 2 and recent:
         return CheckResult(name, "fail", f"{inst.unit}.service is in a crash loop: systemd restarted it "
                            f"{state.n_restarts} times (now {state.active_state}/{state.sub_state})",
@@ -54,7 +56,7 @@ def systemd_check(inst: InstancePlan, state: UnitState, journal: list[str], up_s
                            cause="the service keeps dying after it starts; Restart=on-failure keeps reviving it",
                            fix=f"journalctl -u {inst.unit} shows each attempt; fix the cause, then deploy",
                            instance=inst.unit)
-    if state.active_state == "active" and state.sub_state == "running":
+    if running:
         summary = f"{inst.unit}.service active (running), pid {state.main_pid}"
         if recent:
             return CheckResult(name, "warn", summary + f", but restarted {state.n_restarts} time(s) by systemd "

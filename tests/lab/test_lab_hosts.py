@@ -48,7 +48,7 @@ def test_inventory_describes_the_lab(lab_state: LabState) -> None:
     assert group["vars"] == {
         "ansible_user": "root", "ansible_port": 22, "ansible_ssh_private_key_file": lab_state.key,
         "ernie_known_hosts": lab_state.known_hosts, "vllm_model": "/models/ERNIE-4.5-0.3B-PT",
-        "vllm_bin": "/opt/vllm/bin/vllm",
+        "vllm_bin": "/opt/vllm/bin/vllm", "vllm_stable_seconds": 2,
     }
     assert Path(lab_state.key).stat().st_mode & 0o777 == 0o600
 

@@ -174,7 +174,8 @@ def test_hung_load_times_out_at_the_budget_with_journal_lines(capsys: pytest.Cap
 def test_crash_loop_is_named(capsys: pytest.CaptureFixture[str], lab: Lab, lab_state: LabState, verified: Path,
                              tmp_path: Path) -> None:
     lab.ssh("a10-1", f"cat > {FAULTS}", input=json.dumps({"crash_after_s": 0.5, "load_seconds": 0.5}))
-    inv = write_inventory(lab_state, tmp_path, **{"a10-1": {"vllm_max_model_len": 3333}})
+    # Each revived process lives ~2 s here: a 10 s stability window makes its restarts recent, not history.
+    inv = write_inventory(lab_state, tmp_path, **{"a10-1": {"vllm_max_model_len": 3333, "vllm_stable_seconds": 10}})
     rc, hosts = run(capsys, "deploy", inv, "--limit", "a10-1", "--startup-budget", "600")
     assert rc == 2 and hosts["a10-1"]["status"] == "failed"
     # systemd revives it every RestartSec (10 s); after two revivals it is a loop.
