@@ -11,7 +11,7 @@ import hashlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache, partial
 from importlib import resources
 from pathlib import Path
 
@@ -113,6 +113,7 @@ def exec_words(plan: HostPlan, inst: InstancePlan) -> list[str]:
     return words
 
 
+@lru_cache(maxsize=64)  # a fleet pins a handful of versions; planning and rendering both ask, per instance
 def _has_shutdown_timeout(version: str) -> bool:
     return parse_version(version) >= version_facts().flags["--shutdown-timeout"].since
 
