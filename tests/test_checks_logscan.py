@@ -330,3 +330,17 @@ def test_checks_package_is_pure() -> None:
             elif isinstance(node, ast.ImportFrom) and node.module:
                 mods.add(node.module.split(".")[0])
         assert not mods & forbidden, f"{path.name} imports {mods & forbidden}"
+
+
+def test_the_allowed_long_length_warning_is_not_a_fatal_error() -> None:
+    """With VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 vLLM logs the error's first sentence as a warning and starts: only
+    the error form (which goes on with 'To allow overriding ...') is fatal."""
+    from ernie_deploy.checks.signatures import scan
+
+    warning = ("(APIServer pid=1) WARNING 12-03 16:00:00 [model.py:2722] User-specified max_model_len (200000) is "
+               "greater than the derived max_model_len (max_position_embeddings=131072 or model_max_length=None in "
+               "model's config.json). VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used with extreme caution. If the model "
+               "uses relative position encoding (RoPE), positions exceeding derived_max_model_len lead to nan.")
+    assert [m for m in scan([warning]) if m.severity == "fail"] == []
+    fatal = [m.signature for m in scan(read("real/max-model-len-pydantic.log")) if m.severity == "fail"]
+    assert "max_model_len_too_long" in fatal
