@@ -116,9 +116,14 @@ def test_a_unit_waiting_to_be_revived_is_a_crash_loop_however_old_its_last_start
     inst = InstancePlan(index=0, unit="ernie-vllm-0", port=8000, host="0.0.0.0", gpus=(0,), served_model_name="m",
                         tensor_parallel_size=1, pipeline_parallel_size=1, max_model_len=None,
                         gpu_memory_utilization=0.9, args=(), memory=None)
-    waiting = UnitState(active_state="activating", sub_state="auto-restart", n_restarts=3)
-    assert systemd_check(inst, waiting, [], up_s=500, stable_s=10).status == "fail"
-    assert "crash loop" in systemd_check(inst, waiting, [], up_s=500, stable_s=10).summary
-    healed = UnitState(active_state="active", sub_state="running", n_restarts=3, main_pid=7)
-    assert systemd_check(inst, healed, [], up_s=500, stable_s=10).status == "pass"
-    assert systemd_check(inst, healed, [], up_s=5, stable_s=10).status == "fail"
+    now = 1_000_000_000  # µs on the host's clock; a process started 500 s or 5 s before it
+    waiting = UnitState(active_state="activating", sub_state="auto-restart", n_restarts=3,
+                        started_monotonic=now - 500_000_000)
+    assert systemd_check(inst, waiting, [], now_us=now, stable_s=10).status == "fail"
+    assert "crash loop" in systemd_check(inst, waiting, [], now_us=now, stable_s=10).summary
+    healed = UnitState(active_state="active", sub_state="running", n_restarts=3, main_pid=7,
+                       started_monotonic=now - 500_000_000)
+    assert systemd_check(inst, healed, [], now_us=now, stable_s=10).status == "pass"
+    fresh = UnitState(active_state="active", sub_state="running", n_restarts=3, main_pid=7,
+                      started_monotonic=now - 5_000_000)
+    assert systemd_check(inst, fresh, [], now_us=now, stable_s=10).status == "fail"

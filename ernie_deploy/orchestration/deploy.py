@@ -125,11 +125,9 @@ class Runner:
                     "inventory and rerun with --prune to remove them, or delete them yourself")
         if self.options.prune:
             return None
-        needed = {g for inst in snap.plan.instances for g in inst.gpus}
         for unit in changes.leftover:
-            state = facts.units.get(unit)
-            held = sorted(needed & set(facts.unit_gpus.get(unit, ())))
-            if state is not None and state.active_state in converge.RUNNING and held:
+            held = converge.held_gpus(snap.plan, facts, unit)
+            if held:
                 return (f"{unit} is not in the plan but runs on GPU(s) {', '.join(map(str, held))}, which the plan "
                         "needs", f"rerun with --prune to stop and remove {unit} (or stop it yourself)")
         return None

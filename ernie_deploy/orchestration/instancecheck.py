@@ -12,17 +12,12 @@ from ernie_deploy.checks.signatures import instance_context
 from ernie_deploy.planning.plantypes import HostPlan, InstancePlan
 from ernie_deploy.remote import http
 from ernie_deploy.remote.probe import HostProbe, UnitProbe, descendants
-from ernie_deploy.remote.systemd import UnitState
+from ernie_deploy.remote.systemd import UnitState, restarted_recently, up_seconds
 
 
 def api_key(plan: HostPlan) -> str | None:
     secret = plan.secrets.get("VLLM_API_KEY")
     return secret.reveal() if secret is not None else None
-
-
-def address_of(plan: HostPlan, inst: InstancePlan) -> str:
-    """Where the instance listens, as seen from its own host (a wildcard bind is reached on loopback)."""
-    return inst.host
 
 
 def request_id(inst: InstancePlan, what: str) -> str:
@@ -31,7 +26,7 @@ def request_id(inst: InstancePlan, what: str) -> str:
 
 def requests_for(plan: HostPlan, inst: InstancePlan, exp: Expectations, *, serving: bool = True) -> list[http.Request]:
     """/health, then (only when it answered 200) /v1/models and one small deterministic completion."""
-    base = http.base_url(address_of(plan, inst), inst.port)
+    base = http.base_url(inst.host, inst.port)  # as seen from its own host: a wildcard bind means loopback
     health = http.Request(request_id(inst, "health"), f"{base}/health", timeout=5)
     if not serving:
         return [health]
@@ -41,14 +36,14 @@ def requests_for(plan: HostPlan, inst: InstancePlan, exp: Expectations, *, servi
                          timeout=60, data=judge.completion_request(inst.served_model_name, stream=exp.stream))]
 
 
-def systemd_check(inst: InstancePlan, state: UnitState, journal: list[str], up_s: float | None,
+def systemd_check(inst: InstancePlan, state: UnitState, journal: list[str], now_us: int | None,
                   stable_s: float) -> CheckResult:
-    """Running, and not restarted by systemd within the stability window: every automatic restart starts a
-    new process, so restarts before a process that has stayed up since are history, not a crash loop."""
+    """Running, and not restarted by systemd within the stability window (remote/systemd.py says when a
+    restart is history); a unit waiting to be revived makes every restart recent."""
     name = "systemd"
     running = state.active_state == "active" and state.sub_state == "running"
-    # A process that is not up now (auto-restart pending) makes every restart recent.
-    recent = state.n_restarts > 0 and (not running or up_s is None or up_s < stable_s)
+    recent = restarted_recently(state, now_us, stable_s)
+    up_s = up_seconds(state, now_us)
     if state.n_restarts >= 2 and recent:
         return CheckResult(name, "fail", f"{inst.unit}.service is in a crash loop: systemd restarted it "
                            f"{state.n_restarts} times (now {state.active_state}/{state.sub_state})",
@@ -73,7 +68,7 @@ def systemd_check(inst: InstancePlan, state: UnitState, journal: list[str], up_s
 
 
 def http_checks(plan: HostPlan, inst: InstancePlan, answers: dict[str, http.Answer]) -> list[CheckResult]:
-    where = f"{address_of(plan, inst)}:{inst.port}"
+    where = f"{inst.host}:{inst.port}"
     health = http.missing(answers, request_id(inst, "health"))
     state = judge.classify_health(health.status, health.error)
     if state != "ready":
@@ -108,8 +103,7 @@ def serves(plan: HostPlan, inst: InstancePlan, answers: dict[str, http.Answer]) 
 def instance_checks(plan: HostPlan, inst: InstancePlan, probe: HostProbe, exp: Expectations) -> list[CheckResult]:
     unit: UnitProbe = probe.unit(f"{inst.unit}.service")
     state = unit.state
-    up_s = (probe.now_us - state.started_monotonic) / 1e6 if probe.now_us and state.started_monotonic else None
-    results = [systemd_check(inst, state, unit.journal, up_s, float(plan.settings["stable_seconds"].value))]
+    results = [systemd_check(inst, state, unit.journal, probe.now_us, float(plan.settings["stable_seconds"].value))]
     if state.active_state != "active":
         # Only the current run is judged: the lines of a stopped run say nothing about what serves now.
         return [*results, CheckResult("startup_log", "fail", f"{inst.unit} is not running: no current start-up "

@@ -20,19 +20,18 @@ from ernie_deploy.planning.findings import Severity
 from ernie_deploy.planning.plan import PlanContext
 from ernie_deploy.planning.render import environment_for_templates, templates_dir
 from ernie_deploy.remote import probe
+from ernie_deploy.remote.converge import held_gpus
 
 
 def drift_checks(snap: Snapshot) -> list[CheckResult]:
     """Units the plan no longer has (a warning; a failure when they hold GPUs the plan needs) and drop-ins
     overriding managed units (a failure: what runs is not what the plan says)."""
-    needed = {g for inst in snap.plan.instances for g in inst.gpus}
     out = []
     for unit in snap.changes.leftover:
         state = snap.facts.units.get(unit)
-        held = sorted(needed & set(snap.facts.unit_gpus.get(unit, ())))
-        running = state is not None and state.active_state in ("active", "activating")
+        held = held_gpus(snap.plan, snap.facts, unit)
         out.append(CheckResult(
-            "leftover", "fail" if running and held else "warn",
+            "leftover", "fail" if held else "warn",
             f"{unit} is not in the plan ({state.active_state if state else 'unknown'}"
             + (f", on GPU(s) {', '.join(map(str, held))} the plan needs)" if held else ")"),
             fix="`ernie-deploy deploy --prune` stops and removes it", instance=unit.removesuffix(".service")))

@@ -32,6 +32,7 @@ from ernie_deploy.planning.render import ENV_DIR, UNIT_DIR, RenderedFile
 from ernie_deploy.remote.command import Command, Op
 from ernie_deploy.remote.facts import HostFacts
 from ernie_deploy.remote.state import AUDIT_LOG, PENDING_FILE, RELEASES_DIR, STAGING_DIR, STATE_DIR
+from ernie_deploy.remote.systemd import restarted_recently, up_seconds
 
 RUNNING = {"active", "activating", "reloading"}
 STARTED_MARK = "@@ernie-deploy:started "
@@ -81,14 +82,22 @@ def serving_problem(unit: str, facts: HostFacts, stable_s: float) -> str | None:
         return "not installed"
     if state.active_state != "active" or state.main_pid == 0:
         return f"not running ({state.active_state}/{state.sub_state or '-'})"
-    up_s = (facts.now_us - state.started_monotonic) / 1e6 if facts.now_us and state.started_monotonic else None
-    if state.n_restarts and (up_s is None or up_s < stable_s):
-        # Every automatic restart is a new process: old restarts stop counting once it has stayed up.
-        return f"restarted by systemd {state.n_restarts} time(s), up only {up_s or 0:.0f}s (crash loop?)"
+    if restarted_recently(state, facts.now_us, stable_s):
+        up_s = up_seconds(state, facts.now_us) or 0
+        return f"restarted by systemd {state.n_restarts} time(s), up only {up_s:.0f}s (crash loop?)"
     health = facts.health.get(unit)
     if health != "200":
         return f"running but /health answers {health or 'nothing'}"
     return None
+
+
+def held_gpus(plan: HostPlan, facts: HostFacts, unit: str) -> list[int]:
+    """The plan's GPUs that a running unit outside the plan occupies (its CUDA_VISIBLE_DEVICES)."""
+    state = facts.units.get(unit)
+    if state is None or state.active_state not in RUNNING:
+        return []
+    needed = {g for inst in plan.instances for g in inst.gpus}
+    return sorted(needed & set(facts.unit_gpus.get(unit, ())))
 
 
 def dropin_unit(path: str) -> str:

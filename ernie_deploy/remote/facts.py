@@ -18,7 +18,7 @@ from ernie_deploy.planning.render import ENV_DIR, UNIT_DIR
 from ernie_deploy.remote.command import Command, Op
 from ernie_deploy.remote.lock import LOCK_DIR
 from ernie_deploy.remote.state import PENDING_FILE
-from ernie_deploy.remote.systemd import UnitState, parse_units, show_command
+from ernie_deploy.remote.systemd import NOW, UnitState, parse_units, show_command
 
 MARK = "@@ernie-deploy:"
 UNIT_GLOB = "ernie-vllm-*.service"
@@ -66,7 +66,7 @@ for f in {dropins}; do [ -f "$f" ] && sha256sum "$f"; done
 m unitgpus
 for f in {UNIT_DIR}/{UNIT_GLOB}; do [ -f "$f" ] && printf '%s %s\\n' "${{f##*/}}" \\
   "$(sed -n 's/^Environment=CUDA_VISIBLE_DEVICES=//p' "$f" | head -n 1)"; done
-m now; awk '{{printf "%.0f\\n", $1 * 1000000}}' /proc/uptime
+m now; {NOW}
 m health
 set --
 for f in {UNIT_DIR}/{UNIT_GLOB}; do [ -f "$f" ] || continue

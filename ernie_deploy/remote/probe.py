@@ -10,8 +10,6 @@ from ernie_deploy.remote import http, systemd
 from ernie_deploy.remote.command import Command, Op
 
 MARK = "@@ernie-deploy:"
-# The host's monotonic clock in µs (uptime), to age systemd's ExecMainStartTimestampMonotonic.
-NOW = "awk '{printf \"%.0f\\n\", $1 * 1000000}' /proc/uptime"
 GPU_QUERY = "nvidia-smi --query-gpu=index,uuid,memory.used,memory.total,utilization.gpu --format=csv,noheader,nounits"
 APPS_QUERY = "nvidia-smi --query-compute-apps=pid,used_memory,gpu_uuid --format=csv,noheader,nounits"
 
@@ -64,7 +62,7 @@ def host_command(units: list[str], requests: list[http.Request], api_key: str | 
         f"printf '{MARK}gpus\\n'; {GPU_QUERY} 2>&1\n"
         f"printf '{MARK}apps\\n'; {APPS_QUERY} 2>&1\n"
         f"printf '{MARK}ps\\n'; ps -e -o pid=,ppid=\n"
-        f"printf '{MARK}now\\n'; {NOW}\n")
+        f"printf '{MARK}now\\n'; {systemd.NOW}\n")
     return Command(Op.PROBE, script, stdin=http.stdin(requests, api_key), units=tuple(units))
 
 

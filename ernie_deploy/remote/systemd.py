@@ -24,6 +24,25 @@ class UnitState:
     unit_file_state: str = ""
 
 
+# The host's monotonic clock in µs, to age ExecMainStartTimestampMonotonic. /proc/uptime counts from boot, which
+# equals CLOCK_MONOTONIC on hosts that never suspend (servers).
+NOW = "awk '{printf \"%.0f\\n\", $1 * 1000000}' /proc/uptime"
+
+
+def up_seconds(state: UnitState, now_us: int | None) -> float | None:
+    """How long the unit's current process has been up, or None when it is not running or the clock is unknown."""
+    if state.active_state != "active" or state.sub_state != "running" or not now_us or not state.started_monotonic:
+        return None
+    return (now_us - state.started_monotonic) / 1e6
+
+
+def restarted_recently(state: UnitState, now_us: int | None, window_s: float) -> bool:
+    """systemd revived the unit and its process has not stayed up for the window since (or is not up at all).
+    Every automatic restart starts a new process, so restarts before one that has stayed up are history."""
+    up = up_seconds(state, now_us)
+    return state.n_restarts > 0 and (up is None or up < window_s)
+
+
 def show_command(unit_expr: str) -> str:
     """`systemctl show` of the properties above; unit_expr is shell text (already quoted or a "$var")."""
     return f"systemctl show --no-pager -p {','.join(PROPS)} {unit_expr}"
