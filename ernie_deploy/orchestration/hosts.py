@@ -31,7 +31,7 @@ def lock_state(fleet: Fleet, hosts: Sequence[RemoteHost], *, break_: bool,
     (alive on this controller, or on another controller, where its pid cannot be checked) only with force."""
     def one(run: HostRun) -> None:
         session = fleet.connect(run)
-        with fleet.step(run, "show lock") as step:
+        with fleet.step(run, "show lock"):
             text = session.run(lock.SHOW).text.strip()
             info = lock.parse_info(text) if text else None
             run.data["lock"] = ("lock " + info.describe()) if info else ("no lock" if not text else "lock (unreadable)")
