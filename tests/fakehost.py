@@ -63,6 +63,7 @@ class FakeHost:
     gpus: int = 2
     files: dict[str, str] = field(default_factory=dict)
     active: dict[str, int] = field(default_factory=dict)  # unit → start count (present = running)
+    starts: dict[str, int] = field(default_factory=dict)  # unit → how often it was started (kept after a stop)
     lock_info: str | None = None
     applied: list[str] = field(default_factory=list)  # stage scripts
     releases: list[dict[str, object]] = field(default_factory=list)
@@ -71,8 +72,14 @@ class FakeHost:
     restart_marker: bool = True  # False: activate prints no marker (a host that swallows output)
     serve_len: int | None = None  # /v1/models reports this max_model_len instead of the unit's
     model_readable: bool | None = None  # can vllm_user read config.json (None: no such user on the host)
-    killed_on_stop: bool = False  # activate reports the old process was SIGKILLed after TimeoutStopSec
+    killed_on_stop: bool = False  # stop reports the old process was SIGKILLed after TimeoutStopSec
     fail_on: Op | None = None  # raise an unexpected (non-ernie) exception on this operation
+    release_files: dict[str, dict[str, str]] = field(default_factory=dict)  # release id → path → content
+    orphan: int | None = None  # a PID holding GPU 0 after every stop (the GPU release gate must wait for it)
+    in_flight: list[int] = field(default_factory=list)  # /metrics answers in turn (running + waiting); then 0
+    fail_start: str | None = None  # a unit whose starts fail at once with a fatal start-up line (when its
+    #                                file contains this text, e.g. a changed flag)
+    log: list[str] = field(default_factory=list)  # what happened, in order: "stop U", "start U", "undo ..."
 
     def facts_text(self) -> str:
         gpus = "\n".join(f"{i}, NVIDIA A10, GPU-{i:08d}-0000-0000-0000-000000000000, 23028, 550.127.05"
@@ -110,18 +117,70 @@ class FakeHost:
                       re.findall(r"install -m \d+ -o root -g root \S+/(f\d+) (\S+)", cmd.script)}
         for tmp, dest in re.findall(r"mv -f (\S+) (\S+)", cmd.script):
             self.files[dest.strip("'")] = staged[tmp_to_src[tmp.strip("'")]]
-        self.releases.append(json.loads(staged["release.json"]))
+        record = json.loads(staged["release.json"])
+        self.releases.append(record)
+        self.release_files[str(record["id"])] = dict(self.files)
         self.pending |= set(re.findall(r"ernie-vllm-\d+\.service", cmd.script.split(">> ")[0]))
         self.applied.append(cmd.script)
 
     def activate(self, cmd: Command) -> str:
         for u in cmd.units:
-            self.active[u] = self.active.get(u, 0) + 1
+            self.starts[u] = self.starts.get(u, 0) + 1
+            self.active[u] = self.starts[u]
             self.pending.discard(u)
+            self.log.append(f"start {u}")
         if not self.restart_marker:
             return ""
-        killed = "".join(f"{MARK}killed {u}\n" for u in cmd.units if self.killed_on_stop and self.active[u] > 1)
-        return "".join(f"{MARK}started {u} run-{self.active[u]} 0\n" for u in cmd.units) + killed
+        return "".join(f"{MARK}started {u} run-{self.active[u]} 0\n" for u in cmd.units)
+
+    def failing(self, u: str) -> bool:
+        return self.fail_start is not None and self.fail_start in self.files.get(f"/etc/systemd/system/{u}", "")
+
+    def stop(self, cmd: Command) -> str:
+        (u,) = cmd.units
+        self.active.pop(u, None)
+        self.log.append(f"stop {u}")
+        return f"{MARK}stopped inactive\n" + (f"{MARK}killed\n" if self.killed_on_stop else "")
+
+    def gpu_release(self, cmd: Command) -> str:
+        out = []
+        for u in cmd.units:
+            out += [f"{MARK}unit {u}", self.show(u) if u in self.unit_names() else f"Id={u}", f"{MARK}baseline {u}"]
+        used = {g: 20500 for u in self.active if u in self.unit_names() for g in self.unit(u).gpus}
+        if self.orphan is not None:
+            used[0] = used.get(0, 0) + 20000
+        out.append(f"{MARK}gpus")
+        out += [f"{i}, GPU-{i:08d}-0000-0000-0000-000000000000, {used.get(i, 0)}, 23028, 0" for i in range(self.gpus)]
+        out.append(f"{MARK}apps")
+        if self.orphan is not None:
+            out.append(f"{self.orphan}, 20000, GPU-00000000-0000-0000-0000-000000000000")
+        out += [f"{MARK}ps", f"{self.orphan} VLLM::EngineCore" if self.orphan else "", f"{MARK}cgroups"]
+        return "\n".join(out) + "\n"
+
+    def metrics(self, cmd: Command) -> str:
+        (request,) = json.loads(cmd.stdin)["requests"]
+        left = self.in_flight.pop(0) if self.in_flight else 0
+        body = (f"vllm:num_requests_running{{engine=\"0\",model_name=\"m\"}} {float(left)}\n"
+                'vllm:num_requests_waiting{engine="0",model_name="m"} 0.0\n')
+        return http.MARK + json.dumps({"id": request["id"], "status": 200, "error": None, "seconds": 0.01,
+                                       "body": base64.b64encode(body.encode()).decode()}) + "\n"
+
+    def undo(self, cmd: Command) -> str:
+        for rid, path in re.findall(r"cp -p \S*/releases/([^/']+)(/etc/\S+?)'? ", cmd.script):
+            self.files[path] = self.release_files[rid][path]
+        for u in re.findall(r"systemctl stop '?([\w.-]+\.service)", cmd.script):
+            self.active.pop(u, None)
+        self.pending -= set(cmd.units)
+        self.log.append("undo " + " ".join(cmd.units))
+        return ""
+
+    def read(self, cmd: Command) -> str:
+        out = []
+        for path in re.findall(r"echo '@@ernie-deploy:file (\S+)'", cmd.script):
+            rid = re.match(r"/var/lib/ernie-deploy/releases/([^/]+)(/.*)", path)
+            content = self.release_files[rid.group(1)].get(rid.group(2)) if rid else self.files.get(path)
+            out.append(f"@@ernie-deploy:file {path}\n{content or ''}")
+        return "".join(out)
 
     def probe(self, cmd: Command) -> str:
         requests = json.loads(cmd.stdin)["requests"] if cmd.stdin else []
@@ -132,7 +191,9 @@ class FakeHost:
         for u in cmd.units:
             state = self.show(u) if u in self.unit_names() else f"Id={u}\nLoadState=not-found"
             out += [f"{MARK}unit {u}", state, f"{MARK}journal {u} run-{self.active.get(u, 0)}"]
-            if u in self.active:
+            if u in self.active and self.failing(u):
+                out += ["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.", "-- cursor: s=1"]
+            elif u in self.active:
                 unit = self.unit(u)
                 out += [*startup_journal(unit.tp, unit.max_len), "-- cursor: s=1"]
         for u in self.active:
@@ -197,7 +258,12 @@ class FakeSession:
             Op.WATCH: lambda: h.probe(cmd),
             Op.SHOW_LOCK: lambda: h.lock_info or "",
             Op.BREAK_LOCK: lambda: setattr(h, "lock_info", None) or "",
-            Op.READ_FILES: lambda: "".join(f"@@ernie-deploy:file {p}\n{c}" for p, c in h.files.items()),
+            Op.READ_FILES: lambda: h.read(cmd),
+            Op.RELEASES: lambda: "".join(f"{MARK}release-json {json.dumps(r)}\n" for r in h.releases),
+            Op.STOP: lambda: h.stop(cmd),
+            Op.GPU_RELEASE: lambda: h.gpu_release(cmd),
+            Op.METRICS: lambda: h.metrics(cmd),
+            Op.UNDO: lambda: h.undo(cmd),
         }
         if cmd.op not in answers:
             result = RunResult(cmd.label, 127, b"", f"fake host: no answer for {cmd.op}".encode())

@@ -138,7 +138,8 @@ def test_deploy_watches_and_checks_every_started_instance(tmp_path: Path) -> Non
     (r,) = runner(fakes).run(inventory(tmp_path, {"a": {}}))
     assert r.status is Status.CHANGED and r.message == "changed; every (re)started instance verified"
     names = [s.name for s in r.steps]
-    assert names == ["connect", "lock + facts", "plan", "stage", "activate", "ready ernie-vllm-0", "checks"]
+    assert names == ["connect", "lock + facts", "plan", "stage", "gpu release ernie-vllm-0", "start ernie-vllm-0",
+                     "ready ernie-vllm-0", "checks"]
     by_name = {c.name: c for c in r.checks}
     assert by_name["http_models"].status == "pass" and by_name["tensor_parallel"].status == "pass"
     assert r.release and r.release == fakes["a"].releases[0]["id"]
@@ -154,7 +155,7 @@ def test_an_instance_that_serves_the_wrong_length_fails_the_host(tmp_path: Path)
 def test_missing_restart_marker_is_a_failure_not_verified(tmp_path: Path) -> None:
     fakes = {"a": FakeHost(restart_marker=False)}
     (r,) = runner(fakes).run(inventory(tmp_path, {"a": {}}))
-    assert r.status is Status.FAILED and "no restart marker" in r.message
+    assert r.status is Status.FAILED and "no start marker" in r.message
     assert "instance verified" not in r.message and fakes["a"].lock_info is None
 
 
@@ -197,7 +198,7 @@ def test_unknown_command_is_answered_with_a_failure() -> None:
 def test_facts_are_rechecked_before_changing_an_old_snapshot(tmp_path: Path) -> None:
     fakes = {"a": FakeHost()}
     (r,) = runner(fakes, recheck_after=0).run(inventory(tmp_path, {"a": {}}))
-    assert r.command_log[:3] == ["lock + gather facts", "gather facts", "stage files"]
+    assert r.command_log[:4] == ["lock + gather facts", "gather facts", "list releases", "stage files"]
     assert "facts (re-checked)" in [s.name for s in r.steps]
 
 

@@ -27,8 +27,16 @@ Anything else fails the test, with the line and the closest formats of its file.
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import importlib.util
+import json
+import os
 import re
+import signal
+import subprocess
+import tempfile
+import time
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,7 +44,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
-from simlogs import SIM_DIR, Scenario, fixture_scenarios, run_all
+from simlogs import LOAD_SECONDS, REPO, SIM_DIR, Scenario, _free_port, _setup, _wait_for, fixture_scenarios, run_all
 
 FORMATS_DIR = Path(__file__).parent / "fixtures" / "vllm-formats"
 VERSIONS = sorted(p.stem for p in FORMATS_DIR.glob("*.txt"))
@@ -309,3 +317,66 @@ def f(x, lgr):
         "INFO\tvLLM server version %s", "ERROR\tline one\\nline two",
     ])
     assert all(line.startswith("vllm/x.py\t") for line in lines)
+
+
+# --- engine death while serving: lines logged only when a child process dies ---------------------------
+
+DEATHS = ("worker-sigterm", "engine-sigterm", "group-sigterm", "chat-worker-sigkill")
+
+
+def run_death(version: str, how: str) -> str:
+    """A healthy TP-2 start, a long stream (chat for "chat-*"), then a child's death: a worker SIGTERMed or
+    SIGKILLed, the EngineCore SIGTERMed (dies only before 0.18), or SIGTERM to the whole process group."""
+    new = tuple(int(x) for x in version.split(".")) >= (0, 18)
+    sc = Scenario(version, ("-tp", "2", *(("--shutdown-timeout", "30") if new and how == "group-sigterm" else ())))
+    with tempfile.TemporaryDirectory(prefix="simdeath-") as tmp:
+        root = Path(tmp)
+        model = _setup(root, sc)
+        port = _free_port()
+        log = root / "out.log"
+        env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "VLLM_API_KEY")}
+        env.update({"ERNIE_LAB_ROOT": str(root), "VLLM_SIM_LOAD_SECONDS": LOAD_SECONDS, "PYTHONPATH": str(REPO)})
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(sc.argv(str(model), port), env=env, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True, cwd=REPO)
+        try:
+            assert _wait_for(log, proc, "Application startup complete.", time.monotonic() + 20), log.read_text()
+            chat = how.startswith("chat")
+            body = {"model": "ernie", "max_tokens": 300, "ignore_eos": True, "stream": True,
+                    **({"messages": [{"role": "user", "content": "long"}]} if chat else {"prompt": "long"})}
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=15)
+            conn.request("POST", "/v1/chat/completions" if chat else "/v1/completions", body=json.dumps(body),
+                         headers={"content-type": "application/json"})
+            resp = conn.getresponse()
+            resp.readline()
+            text = log.read_text()
+            proc_name = "Worker_TP1" if "worker" in how else next(
+                n for n in ("EngineCore_DP0", "EngineCore_0", "EngineCore") if f"({n} pid=" in text)
+            pid = int(re.search(rf"\({proc_name} pid=(\d+)\)", text).group(1))  # type: ignore[union-attr]
+            if how == "group-sigterm":
+                os.killpg(proc.pid, signal.SIGTERM)
+            else:
+                os.kill(pid, signal.SIGKILL if how.endswith("sigkill") else signal.SIGTERM)
+            if how == "engine-sigterm" and new:
+                time.sleep(0.5)  # the engine runs on; stop the server normally
+                proc.send_signal(signal.SIGTERM)
+            else:
+                with contextlib.suppress(http.client.HTTPException, OSError):
+                    resp.read()  # to the end the dead engine gives it
+            conn.close()
+            proc.wait(timeout=20)
+        finally:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+        return log.read_text(errors="replace")
+
+
+@pytest.mark.parametrize(("version", "how"), [(v, h) for v in VERSIONS for h in DEATHS])
+def test_engine_death_lines_are_real_formats(version: str, how: str) -> None:
+    text = run_death(version, how)
+    problems, _, _ = violations(text, version)
+    assert not problems, f"{version} {how}:\n" + "\n".join(problems) + f"\n--- output ---\n{text}"
+    if how != "engine-sigterm" or tuple(int(x) for x in version.split(".")) < (0, 18):
+        assert "EngineDeadError" in text, text

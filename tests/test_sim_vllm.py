@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -458,3 +459,162 @@ def test_ignore_sigterm_and_orphan_memory(lab: Lab) -> None:
     assert len(apps) == 1 and ", VLLM::EngineCore, GPU-00000002-" in apps[0]
     assert int(apps[0].split(", ")[0]) != server.proc.pid
 
+
+
+# -- dead workers and stop signals (KillMode=control-group vs mixed) ----------------------------------
+
+
+def child_pid(server: Server, name: str) -> int:
+    """The pid a child process logs under, e.g. `(Worker_TP1 pid=123)`."""
+    found = re.search(rf"^\({name} pid=(\d+)\)", server.log, re.MULTILINE)
+    assert found, server.log
+    return int(found.group(1))
+
+
+def open_stream(server: Server, max_tokens: int = 200) -> tuple[http.client.HTTPConnection, Any]:
+    """A long completion stream (ignore_eos: every token is generated, 5-10 ms each), its first event read."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=15)
+    body = {"prompt": "long", "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+    conn.request("POST", "/v1/completions", body=json.dumps(body), headers={"content-type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.readline().startswith(b"data: ")
+    return conn, resp
+
+
+def read_events(conn: http.client.HTTPConnection, resp: Any) -> list[str]:
+    """The rest of an SSE stream as its `data: ` payloads (whatever arrived if the connection was cut)."""
+    try:
+        rest = resp.read().decode()
+    except http.client.IncompleteRead as exc:
+        rest = exc.partial.decode()
+    conn.close()
+    return [line[6:] for line in rest.splitlines() if line.startswith("data: ")]
+
+
+def finish_reasons(events: list[str]) -> list[str]:
+    chunks = [json.loads(e) for e in events if e != "[DONE]"]
+    return [c["choices"][0]["finish_reason"] for c in chunks if c.get("choices") and c["choices"][0]["finish_reason"]]
+
+
+def wait_health(server: Server, wanted: int, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and server.proc.poll() is None:
+        with contextlib.suppress(ConnectionError, OSError):
+            if server.request("GET", "/health")[0] == wanted:
+                return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize(("version", "line", "body"), [
+    pytest.param("0.34.0", "] Worker proc VllmWorker-1 died unexpectedly (exit code: 0), shutting down executor.",
+                 b'{"error": {"message": "The server had an error while processing your request.", '
+                 b'"type": "InternalServerError", "param": null, "code": 500}}', id="0.34.0"),
+    pytest.param("0.11.0", "] Worker proc VllmWorker-1 died unexpectedly, shutting down executor.", b"", id="0.11.0"),
+])
+def test_worker_killed_while_serving_kills_the_engine(lab: Lab, version: str, line: str, body: bytes) -> None:
+    lab.version(version)
+    server = lab.start("-tp", "2")
+    server.wait_ready()
+    answers: list[tuple[int, bytes]] = []
+    long_request = {"prompt": "slow", "max_tokens": 400, "ignore_eos": True}
+    waiter = threading.Thread(target=lambda: answers.append(server.request("POST", "/v1/completions", long_request)))
+    waiter.start()
+    time.sleep(0.2)  # the request is generating (2-4 s) when the worker goes
+    os.kill(child_pid(server, "Worker_TP1"), signal.SIGTERM)  # vLLM's GPU workers exit on SIGTERM
+    assert wait_health(server, 503), server.log
+    waiter.join(10)
+    assert answers == [(500, body)]  # the in-flight request gets the dead engine's error, not its text
+    assert server.wait_exit() == 1
+    log = server.log
+    engine = "EngineCore" if version == "0.34.0" else "EngineCore_DP0"
+    assert f"({engine} pid={child_pid(server, engine)}) ERROR " in log and line in log
+    assert "] EngineCore encountered a fatal error." in log and "RuntimeError: Executor failed." in log
+    assert "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue." in log
+    assert "died unexpectedly, shutting down client" not in log  # ENGINE_CORE_DEAD came first
+    assert lab.smi("--query-gpu=memory.used", "--format=csv,noheader,nounits").split() == ["0"] * 4
+
+
+@pytest.mark.parametrize(("version", "survives"), [("0.34.0", True), ("0.11.0", False)])
+def test_sigterm_to_the_engine_core(lab: Lab, version: str, survives: bool) -> None:
+    """From 0.18 the EngineCore takes SIGTERM as a drain request and runs on; before, it exits (and the server
+    sees its engine die)."""
+    lab.version(version)
+    server = lab.start()
+    server.wait_ready()
+    engine = "EngineCore" if version == "0.34.0" else "EngineCore_DP0"
+    os.kill(child_pid(server, engine), signal.SIGTERM)
+    if survives:
+        time.sleep(0.6)  # three polls of the child watch
+        assert server.request("GET", "/health")[0] == 200 and server.proc.poll() is None
+        assert "died unexpectedly" not in server.log
+        return
+    assert server.wait_exit() == 1
+    assert "Engine core proc EngineCore_DP0 died unexpectedly, shutting down client." in server.log
+
+
+def test_sigterm_to_the_whole_group_cuts_a_tp2_stream(lab: Lab) -> None:
+    """KillMode=control-group: SIGTERM reaches the API server, the EngineCore and both workers at once. The
+    workers exit, the engine dies, and the stream gets the error instead of its last tokens."""
+    server = lab.start("-tp", "2", "--shutdown-timeout", "30")
+    server.wait_ready()
+    conn, resp = open_stream(server)
+    os.killpg(server.proc.pid, signal.SIGTERM)  # the simulator leads its own process group
+    events = read_events(conn, resp)
+    assert finish_reasons(events) == [], events[-3:]
+    assert len(events) < 200
+    assert json.loads(events[-2]) == {"error": {"message": "The server had an error while processing your request.",
+                                                "type": "InternalServerError", "param": None, "code": 500}}
+    assert events[-1] == "[DONE]"
+    assert server.wait_exit() == 1
+    log = server.log
+    assert log.index("INFO:     Shutting down") < log.index("died unexpectedly (exit code: 0), shutting down executor.")
+    assert "] Error in completion stream generator." in log
+
+
+def test_sigterm_to_the_main_process_lets_a_tp2_stream_finish(lab: Lab) -> None:
+    """KillMode=mixed: only the API server gets SIGTERM; it drains within --shutdown-timeout and then ends its
+    EngineCore and workers itself, which is no worker death."""
+    server = lab.start("-tp", "2", "--shutdown-timeout", "30")
+    server.wait_ready()
+    conn, resp = open_stream(server)
+    server.proc.send_signal(signal.SIGTERM)
+    events = read_events(conn, resp)
+    assert events[-1] == "[DONE]" and finish_reasons(events) == ["length"]
+    assert len(events) >= 200
+    assert server.wait_exit() == 0
+    assert "died unexpectedly" not in server.log and "EngineDeadError" not in server.log
+    assert "INFO:     Finished server process" in server.log
+
+
+# -- faults keyed on the serve arguments ---------------------------------------------------------------
+
+
+def test_fault_with_when_applies_only_to_matching_arguments(lab: Lab) -> None:
+    lab.faults({"load_seconds": 0.2, "when": {"max-model-len": 1536}, "fail_startup": "cuda_oom"})
+    out = lab.serve_fail("--max-model-len", "1536")
+    assert out.returncode == 1 and "torch.OutOfMemoryError: CUDA out of memory." in out.stdout
+    server = lab.start("--max-model-len", "2048")  # the old release: same file, other flag value
+    server.wait_ready()
+    assert "CUDA out of memory" not in server.log
+    # Per port, over the top level; the string "1536" matches the parsed int.
+    port = free_port()
+    lab.faults({"ports": {str(port): {"when": {"max_model_len": "1536", "tensor_parallel_size": 1},
+                                      "fail_startup": "kv_cache"}}})
+    failed = lab.start("--max-model-len", "1536", port=port, CUDA_VISIBLE_DEVICES="1")  # GPU 0 is taken
+    assert failed.wait_exit() == 1 and "To serve at least one request with the model's max seq len" in failed.log
+
+
+def test_when_matching_rules() -> None:
+    from argparse import Namespace
+
+    from ernie_deploy.lab.sim.simstate import when_matches
+
+    args = Namespace(max_model_len=1536, enforce_eager=True, seed=None, served_model_name=["ernie"], port=8000)
+    assert when_matches({"max_model_len": 1536}, args) and when_matches({"max-model-len": "1536"}, args)
+    assert when_matches({"--enforce-eager": True, "seed": None, "served_model_name": "ernie"}, args)
+    assert when_matches({"enforce_eager": "true", "port": "8000"}, args)
+    assert not when_matches({"max_model_len": 2048}, args)
+    assert not when_matches({"max_model_len": 1536, "port": 8001}, args)  # every key must match
+    assert not when_matches({"no_such_flag": 1}, args)
+    assert not when_matches({"max_model_len": 1536}, None) and not when_matches("1536", args)

@@ -1,34 +1,34 @@
 """Deploy: converge hosts to their plans, phase by phase across hosts.
 
 1. snapshot every host (connect, lock + facts in one command, plan, render, changes);
-2. change each host: show diffs, stage (files in place, a release recorded, nothing restarted), activate
-   (daemon-reload once, restart exactly the changed units), then watch every (re)started instance until
-   ready and check it; facts are re-read first when the snapshot has grown old;
+2. change the hosts, batch by batch with `--serial` (rollout.py; without it, one batch of every host): show
+   diffs, stage (files in place, a release recorded, nothing restarted), then cycle each changed instance
+   one at a time (cycle.py: drain, stop, GPU release, start, readiness, checks); a failed one is restored
+   to the release that ran before; facts are re-read first when the snapshot has grown old;
 3. close: release every lock and close every session, also after a failure or Ctrl-C.
 
-A host's failure never stops the others unless `any_errors_fatal` is set.
+Without --serial a host's failure never stops the others unless `any_errors_fatal` is set.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ernie_deploy.checks.playbook import Expectations
-from ernie_deploy.checks.result import CheckResult
-from ernie_deploy.orchestration import readiness
+from ernie_deploy.orchestration.cycle import CycleOptions, HostCycle, Work, unit_of
 from ernie_deploy.orchestration.fleet import Fleet, FleetOptions, HostRun
-from ernie_deploy.orchestration.instancecheck import api_key, instance_checks, requests_for
 from ernie_deploy.orchestration.results import HostResult, Status
+from ernie_deploy.orchestration.rollout import Report, RolloutOptions, drive
 from ernie_deploy.orchestration.snapshot import Snapshot, SnapshotOptions, refresh, release_lock, take
 from ernie_deploy.orchestration.transport import Connector, Progress, RemoteHost, Transport
 from ernie_deploy.planning.plan import PlanContext
-from ernie_deploy.planning.plantypes import InstancePlan
 from ernie_deploy.planning.render import environment_for_templates, templates_dir
-from ernie_deploy.remote import converge, lock, probe
-from ernie_deploy.remote.ssh import Failure, RemoteError
+from ernie_deploy.remote import converge, lock, releases
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,8 @@ class Options:
     recheck_after: float = 30.0  # re-read a host's facts before changing it when its snapshot is older
     stable: float | None = None  # seconds an instance must stay healthy (None: each host's vllm_stable_seconds)
     poll: float = 0.5  # seconds between readiness polls
+    cycle: CycleOptions = field(default_factory=CycleOptions)
+    rollout: RolloutOptions = field(default_factory=RolloutOptions)
 
 
 class Runner:
@@ -55,6 +57,9 @@ class Runner:
                  progress: Progress | None = None, expectations: Expectations | None = None) -> None:
         self.ctx = ctx
         self.options = options
+        self.report = Report()
+        self.cycle = dataclasses.replace(options.cycle, health_timeout=options.health_timeout, stable=options.stable,
+                                         poll=options.poll)
         self.fleet = Fleet(connector, FleetOptions(options.forks, options.any_errors_fatal, options.known_hosts),
                            progress)
         self.templates = environment_for_templates(templates_dir(options.templates))
@@ -69,15 +74,29 @@ class Runner:
     def run(self, hosts: Sequence[RemoteHost]) -> list[HostResult]:
         opts = SnapshotOptions(lock=None if self.options.check else self.lock, lock_wait=self.options.lock_wait,
                                prune=self.options.prune)
-        runs = self.fleet.run(hosts, [lambda run: self._snapshot(run, opts), self._change], release_lock)
-        return [r.result for r in runs]
+        return drive(self.fleet, hosts, self.options.rollout, lambda run: self._snapshot(run, opts), self._change,
+                     self._down, release_lock, self.report)
+
+    def _down(self, run: HostRun) -> list[str]:
+        """Installed instances of the plan that do not serve now (the rollout pre-flight)."""
+        snap: Snapshot | None = run.data.get("snapshot")
+        if snap is None:
+            return []
+        stable = float(snap.plan.settings["stable_seconds"].value)
+        out = []
+        for inst in snap.plan.instances:
+            unit = unit_of(inst)
+            problem = converge.serving_problem(unit, snap.facts, stable)
+            if unit in snap.facts.units and problem is not None:
+                out.append(f"{run.host.name} {unit}: {problem}")
+        return out
 
     def _snapshot(self, run: HostRun, opts: SnapshotOptions) -> None:
         snap = take(self.fleet, run, self.ctx, self.templates, opts)
         if snap is not None:
             run.data["snapshot"] = snap
 
-    def _change(self, run: HostRun) -> None:
+    def _change(self, run: HostRun, batch: int) -> None:
         snap: Snapshot | None = run.data.get("snapshot")
         if snap is None:
             return
@@ -104,17 +123,46 @@ class Runner:
             result.message = "nothing to change: units and env files match, all serving" + leftover
             return
         result.status = Status.CHANGED
+        work = self._work(snap, batch)
+        how = self._how(work)
         if opts.check:
-            result.message = "would change (check mode: nothing was touched)" + leftover
+            result.message = f"would change (check mode: nothing was touched){how}" + leftover
             return
         if self.fleet.abort.is_set():
             result.fail(Status.SKIPPED, "skipped before changing anything: run aborted")
             return
-        launched = self._stage_and_activate(run, snap)
-        started = [i for i in snap.plan.instances if f"{i.unit}.service" in changes.units]
-        if started and not self._verify_started(run, snap, started, launched):
+        if changes.files or changes.units:
+            # What ran before: restored when a changed instance fails.
+            work.undo_to = releases.current(releases.parse_list(session.run(releases.list_command()).text),
+                                            snap.facts.files)
+        self._stage(run, snap)
+        audit: Callable[[str], dict[str, Any]] = lambda action: self._audit(run, action, changes)  # noqa: E731
+        if not work.instances:
+            with self.fleet.step(run, "activate") as step:
+                session.run(converge.activate_command(changes, audit("activate")))
+                step.changed = True
+            result.message = "changed" + leftover
             return
-        result.message = ("changed; every (re)started instance verified" if started else "changed") + leftover
+        if not HostCycle(self.fleet, run, work, self.cycle, self.expectations, self.report.timeline, audit).go():
+            return
+        result.message = f"changed; every (re)started instance verified{how}" + leftover
+
+    def _work(self, snap: Snapshot, batch: int) -> Work:
+        changes, facts, plan = snap.changes, snap.facts, snap.plan
+        stable = float(plan.settings["stable_seconds"].value)
+        return Work(plan, [i for i in plan.instances if unit_of(i) in changes.units], running=set(changes.restart),
+                    serving={u for u in changes.restart if converge.serving_problem(u, facts, stable) is None},
+                    whole=converge.moved_gpus(plan, facts), activation=changes, batch=batch,
+                    stop_first=changes.prune)
+
+    def _how(self, work: Work) -> str:
+        if not work.instances:
+            return ""
+        if work.whole:
+            return "; the host goes as a whole (GPUs move: " + "; ".join(work.whole) + ")"
+        if len(work.instances) > 1 and not self.cycle.parallel_instances:
+            return "; instances one at a time"
+        return ""
 
     def _blocked(self, snap: Snapshot) -> tuple[str, str] | None:
         """Why this host must not be changed at all (message, fix), decided before anything is touched."""
@@ -150,72 +198,19 @@ class Runner:
                           for c in changes.files],
                 "restart": list(changes.restart), "start": list(changes.start), "prune": list(changes.prune)}
 
-    def _stage_and_activate(self, run: HostRun, snap: Snapshot) -> dict[str, converge.Started]:
-        """Stage the files (recording a release), then activate; the new run of each (re)started unit."""
+    def _stage(self, run: HostRun, snap: Snapshot) -> None:
+        """Stage the files (recording a release); nothing is restarted."""
         assert run.session is not None
         changes, name = snap.changes, run.host.name
-        if changes.files or changes.units:
-            self.fleet.progress(name, f"staging {len(changes.files)} file(s)")
-            audit = self._audit(run, "stage", changes)
-            rid = converge.release_id(snap.files, time.time())
-            release = {**audit, "id": rid, "files": {f.path: f.sha256 for f in snap.files},
-                       "changed": [c.path for c in changes.files]}
-            keep = max(1, int(snap.plan.settings["keep_releases"].value))
-            with self.fleet.step(run, "stage") as step:
-                run.session.run(converge.stage_command(snap.files, changes, audit, release, keep))
-                step.changed, step.evidence = bool(changes.files), [f"release {rid}"]
-            run.result.release = rid
-        self.fleet.progress(name, "activating " + (" ".join(changes.units) or "units"))
-        with self.fleet.step(run, "activate") as step:
-            out = run.session.run(converge.activate_command(changes, self._audit(run, "activate", changes))).text
-            step.changed = True
-            launched = converge.started_units(out)
-            missing = [u for u in changes.units if u not in launched]
-            if missing:
-                # Nothing can be verified without knowing which run to watch: never call it ok.
-                raise RemoteError(Failure.COMMAND, "activate printed no restart marker for "
-                                  f"{', '.join(missing)}, so the (re)started units could not be verified", where=name,
-                                  hint="check that the host's shell runs the activate script unchanged "
-                                       "(sudo wrappers that swallow output?), then deploy again")
-            for unit in converge.killed_units(out):
-                run.result.checks.append(CheckResult(
-                    "stop", "warn", f"{unit}: the old process did not stop within TimeoutStopSec and was killed "
-                    "(SIGKILL): requests still in flight were cut", instance=unit.removesuffix(".service"),
-                    fix="raise vllm_drain_timeout if requests need longer to finish"))
-        return launched
-
-    def _verify_started(self, run: HostRun, snap: Snapshot, started: list[InstancePlan],
-                        launched: dict[str, converge.Started]) -> bool:
-        """Readiness watch, then every instance check, for each (re)started instance. False on failure."""
-        assert run.session is not None
-        plan, result = snap.plan, run.result
-        budget = self.options.health_timeout or float(plan.settings["startup_budget"].value)
-        stable = self.options.stable if self.options.stable is not None else \
-            float(plan.settings["stable_seconds"].value)
-        for inst in started:
-            self.fleet.progress(plan.name, f"waiting for {inst.unit} to become ready")
-            with self.fleet.step(run, f"ready {inst.unit}") as step:
-                ready = readiness.watch(run.session, plan, inst, started=launched[f"{inst.unit}.service"],
-                                        budget=budget, exp=self.expectations, abort=self.fleet.abort, stable=stable,
-                                        poll=self.options.poll)
-                step.evidence = [ready.summary]
-                if ready.status != "ready":
-                    step.status = "failed"
-                    result.fail(Status.FAILED, ready.summary, " · ".join(x for x in (ready.cause, ready.fix) if x)
-                                or None)
-                    result.evidence = ready.evidence
-                    return False
-        self.fleet.progress(plan.name, "checking the started instances")
-        units = [f"{i.unit}.service" for i in started]
-        requests = [r for i in started for r in requests_for(plan, i, self.expectations)]
-        with self.fleet.step(run, "checks") as step:
-            seen = probe.parse(run.session.run(probe.host_command(units, requests, api_key(plan))).text)
-            for inst in started:
-                result.checks += instance_checks(plan, inst, seen, self.expectations)
-            failed = [c for c in result.checks if c.status == "fail"]
-            if failed:
-                step.status = "failed"
-                result.fail(Status.FAILED, f"{len(failed)} check(s) failed after the restart: "
-                            + "; ".join(c.summary for c in failed))
-                return False
-        return True
+        if not (changes.files or changes.units):
+            return
+        self.fleet.progress(name, f"staging {len(changes.files)} file(s)")
+        audit = self._audit(run, "stage", changes)
+        rid = converge.release_id(snap.files, time.time())
+        release = {**audit, "id": rid, "files": {f.path: f.sha256 for f in snap.files},
+                   "changed": [c.path for c in changes.files]}
+        keep = max(1, int(snap.plan.settings["keep_releases"].value))
+        with self.fleet.step(run, "stage") as step:
+            run.session.run(converge.stage_command(snap.files, changes, audit, release, keep))
+            step.changed, step.evidence = bool(changes.files), [f"release {rid}"]
+        run.result.release = rid

@@ -70,11 +70,20 @@ class Fleet:
             release: Callable[[HostRun], None] = lambda run: None) -> list[HostRun]:
         """An operation: its phases across all hosts in order, then release and close every host; signals
         stop it cleanly at any point."""
+
+        def body(runs: list[HostRun]) -> None:
+            for work in phases:
+                self.phase(runs, work)
+
+        return self.operate(hosts, body, release)
+
+    def operate(self, hosts: Sequence[RemoteHost], body: Callable[[list[HostRun]], None],
+                release: Callable[[HostRun], None] = lambda run: None) -> list[HostRun]:
+        """An operation that sequences its own phases (a rollout: batches of hosts), then release and close."""
         with self.signals():
             runs = [HostRun(h, HostResult(h.name)) for h in hosts]
             try:
-                for work in phases:
-                    self.phase(runs, work)
+                body(runs)
             finally:
                 self.close(runs, release)
         return runs

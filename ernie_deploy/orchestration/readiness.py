@@ -35,6 +35,7 @@ class Readiness:
     evidence: list[str] = field(default_factory=list)
     journal: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    healthy_after: float | None = None  # seconds until it first served (loaded); the rest is the stability window
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,9 @@ def step(state: State, obs: Observation, spec: Spec) -> Readiness | Wait:
     """Fold one observation into the state; a verdict, or what to ask on the next poll."""
 
     def done(status: str, summary: str, **kw: Any) -> Readiness:
-        return Readiness(status, summary, journal=state.journal, seconds=obs.at - state.started, **kw)
+        healthy = None if state.ready_since is None else state.ready_since - state.started
+        return Readiness(status, summary, journal=state.journal, seconds=obs.at - state.started,
+                         healthy_after=healthy, **kw)
 
     unit = spec.unit
     u = obs.unit

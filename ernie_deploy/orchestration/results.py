@@ -53,6 +53,9 @@ class HostResult:
     checks: list[CheckResult] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
     release: str | None = None
+    batch: int | None = None  # the rollout batch the host was in (1-based)
+    timings: dict[str, dict[str, float]] = field(default_factory=dict)  # unit → phase → seconds
+    rollbacks: list[str] = field(default_factory=list)  # what was restored after a failure, and how it went
     commands: int = 0
     command_log: list[str] = field(default_factory=list)
     seconds: float = 0.0

@@ -24,6 +24,10 @@ class Op(Enum):
     WATCH = "watch instance"
     RELEASES = "list releases"
     RESTORE = "restore release"
+    STOP = "stop unit"
+    GPU_RELEASE = "read GPU release"
+    UNDO = "undo a failed start"
+    METRICS = "read metrics"
     SCRIPT = "script"  # an ad-hoc script (tests, the lab): no orchestration flow sends one
 
 

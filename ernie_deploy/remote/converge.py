@@ -31,6 +31,7 @@ from ernie_deploy.planning.plantypes import HostPlan
 from ernie_deploy.planning.render import ENV_DIR, UNIT_DIR, RenderedFile
 from ernie_deploy.remote.command import Command, Op
 from ernie_deploy.remote.facts import HostFacts
+from ernie_deploy.remote.rolling import baseline_script
 from ernie_deploy.remote.state import AUDIT_LOG, PENDING_FILE, RELEASES_DIR, STAGING_DIR, STATE_DIR
 from ernie_deploy.remote.systemd import restarted_recently, up_seconds
 
@@ -213,8 +214,11 @@ def stage_command(files: list[RenderedFile], changes: Changes, audit: dict[str, 
     return Command(Op.STAGE, "\n".join(lines) + "\n", stdin=payload(files, changes, audit, release), timeout=300)
 
 
-def activate_command(changes: Changes, audit: dict[str, Any]) -> Command:
-    """Prune, daemon-reload once, enable, restart/start exactly these units; print each new run's invocation."""
+def activate_command(changes: Changes, audit: dict[str, Any],
+                     gpus: dict[str, tuple[int, ...]] | None = None) -> Command:
+    """Prune, daemon-reload once, enable, restart/start exactly these units; print each new run's invocation.
+    `gpus` (unit → its GPUs): record their used memory before a unit that is not running starts (the
+    baseline the GPU release gate waits for after its next stop)."""
     q = shlex.quote
     lines = ["set -eu"]
     for unit in changes.prune:
@@ -235,6 +239,9 @@ def activate_command(changes: Changes, audit: dict[str, Any]) -> Command:
         lines.append(f"OLD{k}=$(systemctl show -p InvocationID --value {q(unit)})")
     if changes.restart:
         lines.append("systemctl restart " + " ".join(q(u) for u in changes.restart))
+    for unit in changes.start:
+        if gpus and gpus.get(unit):
+            lines.append(baseline_script(unit, gpus[unit]))
     if changes.start:
         lines.append("systemctl start " + " ".join(q(u) for u in changes.start))
     for unit in changes.units:
@@ -313,3 +320,22 @@ def unified_diff(path: str, old: str | None, new: str, secret: bool, new_label: 
     if secret and not diff:
         diff = f"--- {path}\n+++ {path}\n (secret values changed; shown as [REDACTED])\n"
     return diff
+
+
+def moved_gpus(plan: HostPlan, facts: HostFacts) -> list[str]:
+    """Why this host's instances cannot restart one at a time: a planned instance would take GPUs that another
+    running unit (ours) holds now, or runs on other GPUs than planned. Empty when each can go alone."""
+    running = {u: set(facts.unit_gpus.get(u, ())) for u, s in facts.units.items() if s.active_state in RUNNING}
+    why = []
+    for inst in plan.instances:
+        unit, wanted = f"{inst.unit}.service", set(inst.gpus)
+        if unit in running and running[unit] != wanted:
+            why.append(f"{unit} moves from GPU(s) {_ids(running[unit])} to {_ids(wanted)}")
+        for other, held in running.items():
+            if other != unit and held & wanted:
+                why.append(f"{unit} needs GPU(s) {_ids(held & wanted)}, held now by {other}")
+    return why
+
+
+def _ids(gpus: set[int]) -> str:
+    return ",".join(str(g) for g in sorted(gpus))

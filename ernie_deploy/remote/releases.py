@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ernie_deploy.planning.render import ENV_DIR, UNIT_DIR
 from ernie_deploy.remote.command import Command, Op
+from ernie_deploy.remote.rolling import audit_line
 from ernie_deploy.remote.state import PENDING_FILE, RELEASES_DIR
 
 MARK = "@@ernie-deploy:release-json "
@@ -72,3 +74,71 @@ def restore_command(release: Release, units: tuple[str, ...] = ()) -> Command:
         lines += [f"printf '%s\\n' {' '.join(q(u) for u in restored)} >> {PENDING_FILE}",
                   f"sort -u -o {PENDING_FILE} {PENDING_FILE}"]
     return Command(Op.RESTORE, "\n".join(lines) + "\n", units=tuple(restored))
+
+
+def current(releases: Sequence[Release], files: Mapping[str, str]) -> Release | None:
+    """The newest release whose managed files are exactly the host's (path and hash): what runs, or would
+    run after a restart. None on a first deploy, or when the files were changed by hand since."""
+    for release in reversed(releases):
+        if release.files == dict(files):
+            return release
+    return None
+
+
+def previous(releases: Sequence[Release], files: Mapping[str, str]) -> Release | None:
+    """The release before the current one (newest older release with other files): what `rollback` restores."""
+    now = current(releases, files)
+    older = [r for r in releases if now is None or r.id < now.id]
+    for release in reversed(older):
+        if now is None or release.files != now.files:
+            return release
+    return None
+
+
+def unit_path(unit: str) -> str:
+    return f"{UNIT_DIR}/{unit}"
+
+
+def has_unit(release: Release, unit: str) -> bool:
+    return unit_path(unit) in release.files
+
+
+def undo_command(release: Release | None, restore: tuple[str, ...], disable: tuple[str, ...],
+                 unpend: tuple[str, ...], audit: dict[str, Any]) -> Command:
+    """Undo a failed change on a host, atomically per file: put `restore` units' files back from `release` and
+    stop them (the caller starts them again once their GPUs are free); stop and disable `disable` units (no
+    earlier release has them: a first deploy); put the files of `unpend` units (staged, never restarted)
+    back too, so what is on disk is again what runs. None of these stay pending."""
+    q = shlex.quote
+    lines = ["set -eu", "umask 077"]
+    units = restore + unpend
+    if release is not None and units:
+        lines += restore_command(release, units).script.splitlines()[2:]
+    lines.append("systemctl daemon-reload")
+    for unit in restore + disable:
+        lines.append(f"systemctl stop {q(unit)} || true")
+        lines.append(f"systemctl reset-failed {q(unit)} 2>/dev/null || true")
+    if disable:
+        lines.append("systemctl disable -q " + " ".join(q(u) for u in disable) + " || true")
+    done = restore + disable + unpend
+    if done:
+        pattern = " ".join(f"-e {q(u)}" for u in done)
+        lines.append(f"if [ -f {PENDING_FILE} ]; then grep -vxF {pattern} {PENDING_FILE} > {PENDING_FILE}.new || "
+                     f"true; mv -f {PENDING_FILE}.new {PENDING_FILE}; fi")
+    lines.append(audit_line(audit))
+    return Command(Op.UNDO, "\n".join(lines) + "\n", units=done, timeout=3600)
+
+
+def unit_values(text: str) -> dict[str, str]:
+    """What a rendered unit file says its instance serves: the `vllm serve` flags of ExecStart and
+    CUDA_VISIBLE_DEVICES, to verify a restored release against itself rather than against today's plan."""
+    values: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.startswith("Environment=CUDA_VISIBLE_DEVICES="):
+            values["gpus"] = line.split("=", 2)[2].strip()
+        elif line.startswith("ExecStart="):
+            words = shlex.split(line[len("ExecStart="):])
+            for k, word in enumerate(words):
+                if word.startswith("--") and k + 1 < len(words) and not words[k + 1].startswith("--"):
+                    values.setdefault(word[2:], words[k + 1])
+    return values

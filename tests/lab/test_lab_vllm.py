@@ -136,6 +136,53 @@ def test_sigterm_drains_an_in_flight_stream(lab: Lab, units: Units) -> None:
     assert health("127.0.0.14", 8000) is None
 
 
+def _finish_reasons(chunks: list[dict[str, object]]) -> list[object]:
+    reasons: list[object] = []
+    for chunk in chunks:
+        choices = chunk.get("choices")
+        if isinstance(choices, list):
+            reasons += [c["finish_reason"] for c in choices if isinstance(c, dict) and c.get("finish_reason")]
+    return reasons
+
+
+@pytest.mark.parametrize("kill_mode", ["control-group", "mixed"])
+def test_kill_mode_decides_whether_a_tp2_stream_survives_a_stop(lab: Lab, units: Units, kill_mode: str) -> None:
+    """`systemctl stop` of a TP-2 instance with --shutdown-timeout 10 during a ~3 s stream.
+
+    vLLM's GPU workers exit on SIGTERM; its EngineCore (>= 0.18) and API server drain. With systemd's default
+    KillMode=control-group every process of the unit gets the SIGTERM at once: the workers exit, the engine
+    dies with them, and the stream ends with the engine's error instead of its last tokens. With
+    KillMode=mixed only the API server gets it, drains the stream, then ends its children itself.
+    """
+    address = lab.require_state().host("a10-2").address
+    unit = f"vllm-{kill_mode}"  # journalctl -u shows every run of a unit name: one name per mode
+    units.start("a10-2", unit,
+                f"{VLLM} --tensor-parallel-size 2 --max-model-len 4096 --port 8002 --host {address} "
+                "--shutdown-timeout 10",
+                env={"VLLM_SIM_LOAD_SECONDS": "1"}, extra=f"KillMode={kill_mode}\nTimeoutStopSec=20\n")
+    assert wait_for(lambda: health(address, 8002) == 200, 30)
+    chunks: list[dict[str, object]] = []
+    first = threading.Event()
+    reader = threading.Thread(target=_stream, args=(address, 8002, 400, chunks, first), daemon=True)
+    reader.start()
+    assert first.wait(20), "the stream never started"
+    stop = lab.ssh("a10-2", f"systemctl stop {unit}.service; systemctl is-active {unit}.service")
+    reader.join(30)
+    assert not reader.is_alive()
+    journal = units.journal("a10-2", unit)
+    finished = _finish_reasons(chunks)
+    if kill_mode == "mixed":
+        assert chunks[-1] == {"done": True} and len(finished) == 1, f"{len(chunks)} chunks:\n{journal[-1500:]}"
+        assert "died unexpectedly" not in journal, journal[-2000:]
+        assert stop.stdout.strip() == "inactive"  # exit 0
+    else:
+        assert not finished and any("error" in c for c in chunks), f"{chunks[-3:]}\n{journal[-1500:]}"
+        assert len([c for c in chunks if "choices" in c]) < 400
+        assert "] Worker proc VllmWorker-" in journal and "died unexpectedly (exit code: 0)" in journal, journal[-2000:]
+        assert "EngineDeadError" in journal
+        assert stop.stdout.strip() == "failed"  # the API server exits 1 after the engine death
+
+
 def test_second_instance_on_the_same_gpu_fails_on_free_memory(units: Units) -> None:
     units.start("a10-1", "vllm-first", f"{VLLM} --max-model-len 4096 --port 8000 --host 127.0.0.11",
                 env={"VLLM_SIM_LOAD_SECONDS": "1"})

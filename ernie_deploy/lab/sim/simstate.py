@@ -81,11 +81,14 @@ def load_host_gpus() -> HostGpus | None:
     )
 
 
-def load_faults(port: int | None) -> dict[str, Any]:
+def load_faults(port: int | None, serve_args: Any = None) -> dict[str, Any]:
     """Fault knobs for the instance on `port`: top-level keys, overridden by ``ports["<port>"]``.
 
     Read fresh on every call so a test (or the lab) can flip a knob while the simulator runs.
     A missing or unreadable file means "no faults": a half-written file must not crash a server.
+    An entry (the top level, or one port's) with ``"when": {"max_model_len": 1536}`` contributes its
+    other knobs only when every listed serve argument of `serve_args` (the parsed `vllm serve`
+    namespace) equals the value, compared as text; without `serve_args` such an entry never applies.
     """
     try:
         raw = json.loads(faults_path().read_text())
@@ -93,11 +96,50 @@ def load_faults(port: int | None) -> dict[str, Any]:
         return {}
     if not isinstance(raw, dict):
         return {}
-    merged = {k: v for k, v in raw.items() if k != "ports"}
+    merged = _entry_knobs({k: v for k, v in raw.items() if k != "ports"}, serve_args)
     per_port = raw.get("ports", {})
     if port is not None and isinstance(per_port, dict):
-        merged.update(per_port.get(str(port), {}) or {})
+        entry = per_port.get(str(port), {}) or {}
+        if isinstance(entry, dict):
+            merged.update(_entry_knobs(entry, serve_args))
     return merged
+
+
+def _entry_knobs(entry: dict[str, Any], serve_args: Any) -> dict[str, Any]:
+    """An entry's knobs without its "when", or nothing when its "when" does not hold."""
+    knobs = {k: v for k, v in entry.items() if k != "when"}
+    if "when" not in entry:
+        return knobs
+    return knobs if when_matches(entry["when"], serve_args) else {}
+
+
+_MISSING = object()
+
+
+def when_matches(when: Any, serve_args: Any) -> bool:
+    """True when every key of `when` names a serve argument whose parsed value equals the given one.
+
+    Keys take dashes or underscores (`max-model-len`, `max_model_len`); values compare as text, so 1536
+    and "1536" match, `true` matches a set flag and `null` an unset one. A list argument
+    (`--served-model-name a b`) compares as its items joined by spaces.
+    """
+    if not isinstance(when, dict) or serve_args is None:
+        return False
+    for key, wanted in when.items():
+        actual = getattr(serve_args, str(key).lstrip("-").replace("-", "_"), _MISSING)
+        if actual is _MISSING or _as_text(actual) != _as_text(wanted):
+            return False
+    return True
+
+
+def _as_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, list | tuple):
+        return " ".join(_as_text(v) for v in value)
+    return str(value).strip()
 
 
 def pid_alive(pid: int) -> bool:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, NoReturn
 
 from .vllm_versions import Profile
 
@@ -40,6 +40,11 @@ ROUTES: tuple[tuple[str, str], ...] = (
     ("/v1/embeddings", "POST"),
     ("/metrics", "GET"),
 )
+
+# EngineDeadError's texts: str(exc) (0.11.0 and 0.34.0 v1/engine/exceptions.py) and, from 0.34, the message
+# clients get instead (0.34.0 v1/engine/exceptions.py:24, CLIENT_MESSAGE).
+ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+ENGINE_DEAD_CLIENT_MESSAGE = "The server had an error while processing your request."
 
 # vLLM's TTFT histogram buckets (v1/metrics/loggers.py).
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
@@ -104,6 +109,8 @@ class ServerState:
     on_load_change: Callable[[int], None]
     access_log: Callable[[str], None] | None
     created: int = field(default_factory=lambda: int(time.time()))
+    # Called (with chat=True/False) when the dead engine ends a stream; the server logs vLLM's line for it.
+    on_stream_error: Callable[[bool], None] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     inflight: int = 0
     running: int = 0
@@ -115,12 +122,22 @@ class ServerState:
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
     e2e: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS))
     engine_dead: bool = False
+    dead: threading.Event = field(default_factory=threading.Event)  # set with engine_dead; wakes generators
     seq_slots: threading.Semaphore = field(init=False)
     idle: threading.Condition = field(init=False)
 
     def __post_init__(self) -> None:
         self.seq_slots = threading.Semaphore(self.max_num_seqs)
         self.idle = threading.Condition(self.lock)
+
+    def mark_dead(self) -> None:
+        """The engine is gone: /health turns 503 and every request in flight ends at its next token."""
+        self.engine_dead = True
+        self.dead.set()
+
+    def wait_dead(self, seconds: float) -> bool:
+        """Sleep for one generation step; True (at once) if the engine died meanwhile."""
+        return self.dead.wait(max(0.0, seconds))
 
 
 @dataclass(frozen=True)
@@ -144,6 +161,10 @@ def plan_generation(prompt_text: str, prompt_tokens: int, max_tokens: int | None
     ttft = 0.02 + (seed >> 8) % 61 / 1000
     per_token = 0.005 + (seed >> 16) % 6 / 1000
     return Generation(prompt_tokens, tokens, finish, ttft, per_token)
+
+
+class EngineDied(Exception):
+    """A request was ended by the dead engine; its answer (error body or stream end) is already sent."""
 
 
 class ApiError(Exception):
@@ -286,6 +307,8 @@ class Handler(BaseHTTPRequestHandler):
             self._route(method)
         except ApiError as err:
             self._json(err.status, error_body(state.profile, err))
+        except EngineDied:
+            self.close_connection = True
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
         finally:
@@ -352,11 +375,27 @@ class Handler(BaseHTTPRequestHandler):
         self._json(200, {"object": "list", "data": [card]})
 
     # -- generation ------------------------------------------------------------------------------
+    def _engine_dead_reply(self) -> None:
+        """The answer to a non-streaming request once the engine is dead (new, or in flight when it died).
+
+        0.34: engine_error_handler's JSON 500 with EngineDeadError.CLIENT_MESSAGE (0.34.0
+        entrypoints/serve/exception_handling/handlers/vllm_error.py:28-64, error_response.py:68-72);
+        0.11: runtime_exception_handler's `Response(status_code=500)`, no body (0.11.0 entrypoints/launcher.py:156-167).
+        """
+        profile = self.state.profile
+        if profile.engine_dead_client_message:
+            self._json(500, error_body(profile, ApiError(500, ENGINE_DEAD_CLIENT_MESSAGE, "InternalServerError")))
+            return
+        self.send_response(500)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
     def _generate(self, chat: bool) -> None:
         state = self.state
         if state.engine_dead:
-            raise ApiError(500, "EngineCore encountered an issue. See stack trace (above) for the root cause.",
-                           "InternalServerError")
+            # 0.34 _preflight / 0.11 create_completion: `if engine_client.errored: raise dead_error`.
+            self._engine_dead_reply()
+            return
         body = self._body()
         model = body.get("model", state.served_name)
         if model != state.served_name:
@@ -380,9 +419,13 @@ class Handler(BaseHTTPRequestHandler):
                 self._complete(chat, request_id, model, gen, started)
 
     def _complete(self, chat: bool, rid: str, model: str, gen: Generation, started: float) -> None:
-        time.sleep(gen.ttft)
+        if self.state.wait_dead(gen.ttft):
+            self._engine_dead_reply()
+            raise EngineDied
         _first_token(self.state, started)
-        time.sleep(gen.per_token * max(0, len(gen.tokens) - 1))
+        if self.state.wait_dead(gen.per_token * max(0, len(gen.tokens) - 1)):
+            self._engine_dead_reply()
+            raise EngineDied
         text = "".join(gen.tokens)
         _count_output(self.state, gen)
         usage = _usage(gen)
@@ -422,11 +465,12 @@ class Handler(BaseHTTPRequestHandler):
 
         if chat:
             event({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None})
-        time.sleep(gen.ttft)
+        if self.state.wait_dead(gen.ttft):
+            self._stream_engine_dead(chat)
         _first_token(self.state, started)
         for i, token in enumerate(gen.tokens):
-            if i:
-                time.sleep(gen.per_token)
+            if i and self.state.wait_dead(gen.per_token):
+                self._stream_engine_dead(chat)
             last = i == len(gen.tokens) - 1
             finish = gen.finish_reason if last else None
             if chat:
@@ -440,6 +484,23 @@ class Handler(BaseHTTPRequestHandler):
         _count_output(self.state, gen)
         self._chunk(b"data: [DONE]\n\n")
         self._chunk(b"")
+
+    def _stream_engine_dead(self, chat: bool) -> NoReturn:
+        """The engine died mid-stream: the generator catches EngineDeadError, sends it as one error event and
+        then `data: [DONE]`; no choice ever gets its finish_reason (0.34.0 openai/completion/serving.py:620-626,
+        chat_completion/serving.py:504-508 and 962-964; 0.11.0 serving_completion.py:490-494,
+        serving_chat.py:1143-1149)."""
+        state = self.state
+        if state.on_stream_error is not None:
+            state.on_stream_error(chat)
+        if state.profile.engine_dead_client_message:
+            err = ApiError(500, ENGINE_DEAD_CLIENT_MESSAGE, "InternalServerError")
+        else:  # create_streaming_error_response(str(e)) with its defaults
+            err = ApiError(400, ENGINE_DEAD_MESSAGE, "BadRequestError")
+        self._chunk(f"data: {json.dumps(error_body(state.profile, err))}\n\n".encode())
+        self._chunk(b"data: [DONE]\n\n")
+        self._chunk(b"")
+        raise EngineDied
 
     def _chunk(self, data: bytes) -> None:
         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")

@@ -24,7 +24,7 @@ from . import simstate
 from .simstate import GpuProc, UsageEntry
 from .vllm_args import parse_serve_args
 from .vllm_http import ROUTES, ServerState, make_server
-from .vllm_log import VllmLog, report_startup_error
+from .vllm_log import SITE, VllmLog, report_startup_error
 from .vllm_model import (
     GIB,
     LENGTH_KEYS,
@@ -85,14 +85,27 @@ def _prctl(option: int, arg: int | bytes) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0)
 
 
-def _holder_main(name: str, parent: int, watch_key: str | None) -> None:
-    """Body of a forked EngineCore/Worker (or orphan): hold the GPU until the parent (or entry) goes."""
+def _exit_on_signal(signum: int, frame: Any) -> None:
+    """WorkerProc.worker_main's handler: "Either SIGTERM or SIGINT will terminate the worker" by raising
+    SystemExit (0.11.0 v1/executor/multiproc_executor.py:529-542, 0.34.0 :1003-1018); multiprocessing then
+    reports exit code 0."""
+    raise SystemExit
+
+
+def _holder_main(name: str, parent: int, watch_key: str | None, exit_on_sigterm: bool = False) -> None:
+    """Body of a forked EngineCore/Worker (or orphan): hold the GPU until the parent (or entry) goes.
+
+    With `exit_on_sigterm` SIGTERM/SIGINT end it (status 0), as they end vLLM's GPU workers; otherwise they
+    are ignored: the EngineCore of vLLM >= 0.18 takes SIGTERM as a drain request and keeps running until
+    its API server shuts it down (0.34.0 v1/engine/core.py:1695-1716), and the orphan is a wedged process.
+    """
     try:
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        handler = _exit_on_signal if exit_on_sigterm else signal.SIG_IGN
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
         _prctl(PR_SET_NAME, f"VLLM::{name}".encode()[:15])
         if watch_key is None:
             _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -107,13 +120,13 @@ def _holder_main(name: str, parent: int, watch_key: str | None) -> None:
         os._exit(0)
 
 
-def spawn_holder(name: str) -> int:
+def spawn_holder(name: str, exit_on_sigterm: bool) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     parent = os.getpid()
     pid = os.fork()
     if pid == 0:
-        _holder_main(name, parent, None)
+        _holder_main(name, parent, None, exit_on_sigterm)
     return pid
 
 
@@ -219,7 +232,7 @@ class Serve:
         self.entry_key = f"vllm-{os.getpid()}"
         self.procs: list[GpuProc] = []
         self.sock: socket.socket | None = None
-        self.faults = simstate.load_faults(args.port)
+        self.faults = self._faults()
         self.forced = str(self.faults.get("fail_startup", "")) or None
         self.stop = threading.Event()
         self.exit_code = 0
@@ -231,6 +244,13 @@ class Serve:
                                   args.data_parallel_size)
         self.t0 = time.monotonic()
         self.budget = load_seconds(self.faults)
+        # Child-death watch (serving and draining): `children_lock` guards `children` and `watching`; the
+        # server clears `watching` before it kills its own children, so only deaths it did not cause count.
+        self.children_lock = threading.Lock()
+        self.watching = False
+        self.watcher: threading.Thread | None = None
+        self.death_lock = threading.Lock()
+        self.died = False
 
     # -- lifecycle -------------------------------------------------------------------------------
     def run(self) -> int:
@@ -246,6 +266,10 @@ class Serve:
         finally:
             self._cleanup()
 
+    def _faults(self) -> dict[str, Any]:
+        """faults.json for this instance; entries with a "when" count only if this run's arguments match."""
+        return simstate.load_faults(self.args.port, self.args)
+
     def _forced(self, name: str) -> bool:
         return self.forced == name
 
@@ -254,22 +278,28 @@ class Serve:
 
     def _on_sigterm_loading(self, signum: int, frame: Any) -> None:
         # vLLM installs this during initialisation (0.11 setup_server; 0.34 _interrupt_init).
-        if simstate.load_faults(self.args.port).get("ignore_sigterm"):
+        if self._faults().get("ignore_sigterm"):
             return
         raise KeyboardInterrupt("terminated")
 
     def _on_sigterm_serving(self, signum: int, frame: Any) -> None:
-        if simstate.load_faults(self.args.port).get("ignore_sigterm"):
+        if self._faults().get("ignore_sigterm"):
             return
         self.stop.set()
 
-    def _cleanup(self) -> None:
-        for pid in self.children:
+    def _kill_children(self) -> None:
+        """The server ends its own children (shutdown, or after an engine death): not a death to report."""
+        with self.children_lock:
+            self.watching = False
+            children, self.children = list(self.children), []
+        for pid in children:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
-        self.children.clear()
+
+    def _cleanup(self) -> None:
+        self._kill_children()
         simstate.remove_entry(self.entry_key)
         if self.sock is not None:
             self.sock.close()
@@ -427,13 +457,15 @@ class Serve:
 
     def _spawn_engine(self, model: ModelInfo, max_len: int) -> None:
         engine = self.layout.engine
-        self.pids[engine] = spawn_holder(engine)
+        # Before 0.18 the EngineCore's SIGTERM handler raises SystemExit (0.11.0 v1/engine/core.py:675-682);
+        # from 0.18 it requests a drain and the engine runs on (rolling.md 4.2, 4.5).
+        self.pids[engine] = spawn_holder(engine, exit_on_sigterm=not self.profile.has_shutdown_timeout)
         self.children.append(self.pids[engine])
         where = "core.py:154" if self.profile.newer_engine_fields else "core.py:77"
         self.log.info(engine, where, f"Initializing a V1 LLM engine (v{self.profile.version}) with config: "
                       + self._engine_config_line(model, max_len))
         for name in self.layout.workers:
-            self.pids[name] = spawn_holder(name)
+            self.pids[name] = spawn_holder(name, exit_on_sigterm=True)
             self.children.append(self.pids[name])
 
     def _rank_line(self, rank: int, world: int, moe: bool) -> str:
@@ -644,9 +676,10 @@ class Serve:
             kv_tokens=self.kv_tokens,
             max_num_seqs=self.max_num_seqs,
             api_keys=self._api_keys(),
-            health_503=lambda: bool(simstate.load_faults(a.port).get("health_503")),
+            health_503=lambda: bool(self._faults().get("health_503")),
             on_load_change=self._on_load_change,
             access_log=None if a.disable_uvicorn_access_log else log.uvicorn,
+            on_stream_error=self._log_stream_error,
         )
         server = make_server(self.sock, self.state)
         signal.signal(signal.SIGTERM, self._on_sigterm_serving)
@@ -656,6 +689,7 @@ class Serve:
         thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
         thread.start()
         log.uvicorn("Application startup complete.")
+        self._start_watching()
         crash_after = self.faults.get("crash_after_s")
         if crash_after is not None:
             threading.Timer(float(crash_after), self._crash).start()
@@ -664,29 +698,131 @@ class Serve:
         self._shutdown(server)
         return self.exit_code
 
-    def _crash(self) -> None:
-        """Engine death: children vanish, /health turns 503, then the API server exits non-zero."""
-        if self.stop.is_set() or self.state is None:
+    # -- engine death ----------------------------------------------------------------------------
+    def _start_watching(self) -> None:
+        with self.children_lock:
+            self.watching = True
+        self.watcher = threading.Thread(target=self._watch_children, name="MultiprocWorkerMonitor", daemon=True)
+        self.watcher.start()
+
+    def _stop_watching(self) -> None:
+        """Stop the watch and let a death it has already seen finish its lines (before the server exits)."""
+        with self.children_lock:
+            self.watching = False
+        if self.watcher is not None and self.watcher is not threading.current_thread():
+            self.watcher.join(timeout=10)
+
+    def _watch_children(self) -> None:
+        """vLLM's liveness monitors: the executor's MultiprocWorkerMonitor waits on the workers' sentinels (0.11.0
+        v1/executor/multiproc_executor.py:145-165, 0.34.0 :395-419), the client's monitor on the engine's
+        (0.11.0 v1/engine/core_client.py:555-566, 0.34.0 :863-870). Here the API server polls its children."""
+        while True:
+            time.sleep(0.2)
+            with self.children_lock:
+                if not self.watching:
+                    return
+                exited = None
+                for pid in self.children:
+                    try:
+                        got, status = os.waitpid(pid, os.WNOHANG)
+                    except ChildProcessError:
+                        got, status = pid, 0
+                    if got:
+                        exited = (pid, os.waitstatus_to_exitcode(status))
+                        self.children.remove(pid)
+                        break
+            if exited is not None:
+                self._child_died(*exited)
+                return
+
+    def _child_died(self, pid: int, exit_code: int) -> None:
+        name = next((n for n, p in self.pids.items() if p == pid), "")
+        if not name.startswith("Worker"):
+            self._engine_dead()
             return
-        for pid in list(self.children):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        self.state.engine_dead = True
-        new = self.profile.engine_exit_warning
-        if new:  # 0.34.0 v1/engine/core_client.py:869 (warning_once)
-            self.log.warning("APIServer", "core_client.py:869",
-                             "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup")
+        engine = self.layout.engine
+        rank = [n for n, _ in self.layout.holders].index(name)
+        # The executor's monitor, in the EngineCore process; the process is named f"VllmWorker-{rank}"
+        # (0.11.0 multiproc_executor.py:468, 0.34.0 :882).
+        if self.profile.worker_death_exit_code:
+            self.log.log(engine, "ERROR", "multiproc_executor.py:404",
+                         f"Worker proc VllmWorker-{rank} died unexpectedly (exit code: {exit_code}), shutting down "
+                         "executor.")
         else:
-            self.log.log("APIServer", "ERROR", "core_client.py:564",
-                         f"Engine core proc {self.layout.engine} died unexpectedly, shutting down client.")
-        time.sleep(1.0)
+            self.log.log(engine, "ERROR", "multiproc_executor.py:154",
+                         f"Worker proc VllmWorker-{rank} died unexpectedly, shutting down executor.")
+        # The failure callback queues EXECUTOR_FAILED; the busy loop raises RuntimeError("Executor failed."),
+        # run_engine_core logs it and sends ENGINE_CORE_DEAD to the client (0.11.0 v1/engine/core.py:471-472,
+        # 706-711, 785-786; 0.34.0 :1353-1354, 1756-1760, 1984-1985).
+        new = self.profile.engine_dead_client_message
+        lines = (1743, 1798, 1841, 1985) if new else (701, 726, 740, 786)
+        frames = "".join(f'  File "{SITE}/v1/engine/core.py", line {n}, in {fn}\n    {code}\n' for n, fn, code in zip(
+            lines, ("run_engine_core", "run_busy_loop", "_process_input_queue", "_handle_client_request"),
+            ("engine_core.run_busy_loop()", "self._process_input_queue()", "self._handle_client_request(*req)",
+             'raise RuntimeError("Executor failed.")'), strict=True))
+        where = "core.py:1759" if new else "core.py:710"
+        self.log.log(engine, "ERROR", where, "EngineCore encountered a fatal error.")
+        self.log.log(engine, "ERROR", where,
+                     f"Traceback (most recent call last):\n{frames}RuntimeError: Executor failed.")
+        self._engine_dead(client_saw_exit=False)
+
+    def _crash(self) -> None:
+        """The crash_after_s knob: the engine processes vanish while serving."""
+        if self.stop.is_set():
+            return
+        self._engine_dead(crash_knob=True)
+
+    def _engine_dead(self, client_saw_exit: bool = True, crash_knob: bool = False) -> None:
+        """Engine death seen by the API server: children gone, /health 503, every request in flight ended with
+        EngineDeadError, then the server exits non-zero.
+
+        `client_saw_exit`: the client's own monitor saw the engine exit (after a dead worker the engine's
+        ENGINE_CORE_DEAD message comes first and that monitor stays quiet). The server stops once the
+        launcher's watchdog sees the errored engine (terminate_if_errored every VLLM_WATCHDOG_TIME_S = 5 s,
+        0.11.0 entrypoints/launcher.py:105-127, 0.34.0 entrypoints/launchers/launcher.py:315-322): here 1 s,
+        during which /health answers 503. The crash_after_s knob keeps its older order (503 first, then the
+        EngineDeadError line)."""
+        with self.death_lock:
+            if self.died or self.state is None:
+                return
+            self.died = True
+        state = self.state
+        self.exit_code = 1
+        self._kill_children()
+        new = self.profile.engine_exit_warning
+        if client_saw_exit:
+            if new:  # 0.34.0 v1/engine/core_client.py:869 (warning_once)
+                self.log.warning("APIServer", "core_client.py:869",
+                                 "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup")
+            else:
+                self.log.log("APIServer", "ERROR", "core_client.py:564",
+                             f"Engine core proc {self.layout.engine} died unexpectedly, shutting down client.")
+        if crash_knob:
+            state.engine_dead = True  # /health answers 503 from now on
+            time.sleep(1.0)
         self.log.log("APIServer", "ERROR", "async_llm.py:957" if new else "async_llm.py:480",
                      "AsyncLLM output_handler failed.\n"
                      "Traceback (most recent call last):\n"
                      "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace "
                      "(above) for the root cause.")
-        self.exit_code = 1
+        state.mark_dead()  # output_processor.propagate_error: every request in flight gets EngineDeadError
+        if not crash_knob:
+            time.sleep(1.0)
         self.stop.set()
+
+    def _log_stream_error(self, chat: bool) -> None:
+        """The stream generator's logger.exception for EngineDeadError (see vllm_http._stream_engine_dead)."""
+        new = self.profile.engine_dead_client_message
+        if chat:
+            where, what = ("serving.py:963" if new else "serving_chat.py:1145"), "chat completion"
+        elif new:
+            where, what = "serving.py:623", "completion"
+        else:
+            return  # 0.11's completion stream generator sends the error without logging it
+        self.log.log("APIServer", "ERROR", where,
+                     f"Error in {what} stream generator.\nTraceback (most recent call last):\n"
+                     "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace "
+                     "(above) for the root cause.")
 
     def _shutdown(self, server: Any) -> None:
         """uvicorn's graceful shutdown: stop accepting, drain in-flight requests, then tear down."""
@@ -702,6 +838,8 @@ class Serve:
         if timeout is None and self.profile.has_shutdown_timeout:
             timeout = 0
         deadline = None if timeout is None else time.monotonic() + timeout
+        if self.died:  # requests the dead engine ended are sending their error at once; let them finish
+            deadline = time.monotonic() + 2.0
         with state.lock:
             if state.inflight:
                 self.log.uvicorn("Waiting for connections to close. (CTRL+C to force quit)")
@@ -710,9 +848,12 @@ class Serve:
                 if remaining <= 0:
                     break
                 state.idle.wait(min(remaining, 1.0))
+        # Workers that died while we drained (KillMode=control-group signals them too) were reported above;
+        # from here on the server ends its children itself.
+        self._stop_watching()
         self.log.uvicorn("Waiting for application shutdown.")
         self.log.uvicorn("Application shutdown complete.")
-        if simstate.load_faults(self.args.port).get("orphan_gpu_memory") and self.procs:
+        if self._faults().get("orphan_gpu_memory") and self.procs:
             spawn_orphan(self.procs)
         self.log.uvicorn(f"Finished server process [{os.getpid()}]")
 

@@ -61,6 +61,18 @@ class Profile:
     # Engine death seen by the API server: "Engine core proc %s died unexpectedly, shutting down client."
     # (ERROR, 0.11) or "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup" (WARNING, 0.34).
     engine_exit_warning: bool = False
+    # What a client gets for a request the dead engine ends (EngineDeadError). 0.34: the error handler answers
+    # 500 InternalServerError with EngineDeadError.CLIENT_MESSAGE (v1/engine/exceptions.py:24,
+    # entrypoints/serve/exception_handling/error_response.py:68), inside a stream too, and the completion
+    # stream generator logs "Error in completion stream generator." (openai/completion/serving.py:623).
+    # 0.11: a bare 500 (entrypoints/launcher.py:156-167); inside a stream str(exc) as a 400 BadRequestError
+    # (openai/serving_completion.py:490-494, serving_engine.py:454), logged only by the chat generator
+    # (serving_chat.py:1145). [UNVERIFIED: the releases in between.]
+    engine_dead_client_message: bool = False
+    # A dead GPU worker: "Worker proc %s died unexpectedly (exit code: %s), shutting down executor." (0.34.0
+    # v1/executor/multiproc_executor.py:404) vs "Worker proc %s died unexpectedly, shutting down executor."
+    # (0.11.0 :154). [UNVERIFIED: the releases in between.]
+    worker_death_exit_code: bool = False
 
 
 _BASE = Profile(version="0.11.0")
@@ -115,6 +127,8 @@ PROFILES[(0, 34, 0)] = replace(
     launcher_entry=True,
     len_keys_listed=False,
     engine_exit_warning=True,
+    engine_dead_client_message=True,
+    worker_death_exit_code=True,
 )
 
 

@@ -1,0 +1,399 @@
+"""One host's instances through a restart cycle, one at a time, and the automatic rollback of a failed one.
+
+Per instance: pre-drain hook (out of the load balancer) → wait until vLLM's running + waiting requests reach 0
+→ stop (SIGTERM; vLLM drains within --shutdown-timeout) → wait until its GPUs are free (no process, used
+memory back to the baseline taken at its start) → start → readiness gate → post-ready hook. A host whose
+change moves GPUs between its instances goes as a whole: drain all, stop all, start all.
+
+A failed start restores what ran before (the host's release from before the change), restarts and
+re-verifies it; units staged but not reached yet get their files back, so nothing stays half-applied.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ernie_deploy.checks import gpurelease
+from ernie_deploy.checks.metrics import in_flight
+from ernie_deploy.checks.playbook import Expectations
+from ernie_deploy.checks.result import CheckInputError, CheckResult
+from ernie_deploy.orchestration import hooks, readiness
+from ernie_deploy.orchestration.fleet import Fleet, HostRun
+from ernie_deploy.orchestration.instancecheck import api_key, instance_checks, requests_for
+from ernie_deploy.orchestration.results import Status
+from ernie_deploy.orchestration.timeline import Timeline
+from ernie_deploy.planning.plantypes import HostPlan, InstancePlan
+from ernie_deploy.remote import converge, http, probe, releases, rolling
+from ernie_deploy.remote.command import Command, Op
+from ernie_deploy.remote.ssh import Failure, RemoteError
+from ernie_deploy.remote.state import RELEASES_DIR
+from ernie_deploy.remote.systemd import UnitState
+
+
+@dataclass(frozen=True)
+class CycleOptions:
+    command: str = "deploy"  # deploy | restart | rollback: hooks and the audit log see it
+    pre_drain: str | None = None
+    post_ready: str | None = None
+    hook_timeout: float = 60.0
+    idle_timeout: float = 60.0  # wait for in-flight requests to reach 0 after the pre-drain hook
+    gpu_timeout: float = 120.0  # wait for an instance's GPUs to be free after its stop
+    parallel_instances: bool = False
+    rollback: bool = True  # restore the previous release of a failed instance (--no-rollback: keep it failed)
+    health_timeout: float = 0.0  # 0: the host's vllm_startup_budget
+    stable: float | None = None  # None: the host's vllm_stable_seconds
+    poll: float = 0.5
+
+
+@dataclass
+class Work:
+    """What to cycle on one host, decided before anything is touched."""
+
+    plan: HostPlan
+    instances: list[InstancePlan]  # in order; their values are what the readiness gate expects
+    running: set[str]  # units running now: stopped before they start again
+    serving: set[str]  # units serving now: drained first
+    whole: list[str] = field(default_factory=list)  # why the host must go as a whole (GPUs move)
+    activation: converge.Changes = field(default_factory=converge.Changes)  # host-wide part of the first start
+    undo_to: releases.Release | None = None  # what ran before the change
+    revertible: bool = True  # False for a restart: the files did not change, there is nothing to go back to
+    batch: int = 1
+    stop_first: tuple[str, ...] = ()  # units outside the plan that hold GPUs the plan needs (pruned)
+
+
+def unit_of(inst: InstancePlan) -> str:
+    return f"{inst.unit}.service"
+
+
+def as_released(inst: InstancePlan, values: dict[str, str]) -> InstancePlan:
+    """The instance as a kept release's unit file runs it: a rollback is verified against what it restores."""
+    def num(key: str, default: int | None) -> int | None:
+        return int(values[key]) if values.get(key, "").isdigit() else default
+
+    gpus = values.get("gpus", "")
+    return dataclasses.replace(
+        inst, port=num("port", inst.port) or inst.port, host=values.get("host", inst.host),
+        served_model_name=values.get("served-model-name", inst.served_model_name),
+        tensor_parallel_size=num("tensor-parallel-size", 1) or 1,
+        pipeline_parallel_size=num("pipeline-parallel-size", 1) or 1,
+        max_model_len=num("max-model-len", None),
+        gpus=tuple(int(g) for g in gpus.split(",") if g.strip().isdigit()) or inst.gpus, memory=None)
+
+
+def released_instances(session: Any, release: releases.Release, plan: HostPlan,
+                       insts: Sequence[InstancePlan]) -> list[InstancePlan]:
+    """Read the release's unit files of these instances (one command) and describe them as it runs them."""
+    wanted = [i for i in insts if releases.has_unit(release, unit_of(i))]
+    if not wanted:
+        return []
+    paths = [f"{RELEASES_DIR}/{release.id}{releases.unit_path(unit_of(i))}" for i in wanted]
+    texts = converge.parse_read(session.run(converge.read_command(paths)).text)
+    return [as_released(i, releases.unit_values(texts.get(p, ""))) for i, p in zip(wanted, paths, strict=True)]
+
+
+class HostCycle:
+    def __init__(self, fleet: Fleet, run: HostRun, work: Work, opts: CycleOptions, exp: Expectations,
+                 timeline: Timeline, audit: Callable[[str], dict[str, Any]]) -> None:
+        assert run.session is not None
+        self.fleet, self.run, self.work, self.opts, self.exp = fleet, run, work, opts, exp
+        self.session = run.session
+        self.timeline = timeline
+        self.audit = audit
+        self.result = run.result
+        self.plan = work.plan
+        self.started_at = 0.0  # timeline time of the last start, where the load span begins
+
+    # -- the flow ------------------------------------------------------------------------------------
+    def go(self) -> bool:
+        """Every instance of the work, group by group; False when one failed (the result says what was undone)."""
+        insts = self.work.instances
+        groups = [insts] if self.work.whole or self.opts.parallel_instances else [[i] for i in insts]
+        for k, group in enumerate(groups):
+            if self.fleet.abort.is_set():
+                self.result.fail(Status.FAILED, "stopped after changing it: interrupted"
+                                 if self.fleet.interrupted else "stopped: another host failed", self.result.hint)
+                return False
+            later = [i for g in groups[k + 1:] for i in g]
+            if not self._group(group, first=k == 0, later=later):
+                return False
+        return True
+
+    def _group(self, group: list[InstancePlan], first: bool, later: list[InstancePlan]) -> bool:
+        serving = [i for i in group if unit_of(i) in self.work.serving]
+        running = [i for i in group if unit_of(i) in self.work.running]
+        for inst in serving:
+            if self.opts.pre_drain and not self._hook("pre-drain", self.opts.pre_drain, inst):
+                self._undo([], group + later, "the pre-drain hook failed; nothing was stopped")
+                return False
+        drained = {unit_of(i): self._wait_idle(i) for i in serving}
+        for unit in self.work.stop_first if first else ():
+            self._stop_unit(unit, None, 0.0)
+        for inst in running:
+            self._stop_unit(unit_of(inst), inst, drained.get(unit_of(inst), 0.0))
+        release = self._gpus_free(group, after_stop=bool(running))
+        if not release.free:
+            self._undo([], later, None)
+            return False
+        launched = self._start(group, first)
+        failed = self._ready(group, launched)
+        if failed:
+            self._undo(group if self.work.whole else failed, later, None)
+            return False
+        for inst in group:
+            if self.opts.post_ready and not self._hook("post-ready", self.opts.post_ready, inst):
+                return False
+        return True
+
+    # -- steps ---------------------------------------------------------------------------------------
+    def _row(self, inst_or_unit: InstancePlan | str) -> str:
+        unit = inst_or_unit if isinstance(inst_or_unit, str) else unit_of(inst_or_unit)
+        return f"{self.plan.name} {unit}"
+
+    def _time(self, unit: str, phase: str, seconds: float) -> None:
+        self.result.timings.setdefault(unit, {})[phase] = round(seconds, 3)
+
+    def _hook(self, name: str, shell: str, inst: InstancePlan) -> bool:
+        t0 = self.timeline.now()
+        self.fleet.progress(self.plan.name, f"{name} hook for {inst.unit}")
+        with self.fleet.step(self.run, f"{name} hook {inst.unit}") as step:
+            env = hooks.environment(name, self.opts.command, self.plan, inst, self.work.batch)
+            done = hooks.run(name, shell, env, self.opts.hook_timeout)
+            step.evidence = [done.summary, *done.output]
+            if not done.ok:
+                step.status = "failed"
+        self.timeline.span(self._row(inst), "hook", t0, "ok" if done.ok else "failed")
+        if not done.ok:
+            self.result.fail(Status.FAILED, f"{inst.unit}: {done.summary}; the rollout stops here",
+                             f"fix the {name} hook (see its output with -v), then rerun with --resume")
+            self.result.evidence = done.output
+        return done.ok
+
+    def _wait_idle(self, inst: InstancePlan) -> float:
+        """Poll /metrics until running + waiting reach 0, or the idle timeout passes (a warning, not a failure:
+        vLLM's --shutdown-timeout still lets the last requests finish on stop)."""
+        t0, start = self.timeline.now(), time.monotonic()
+        unit = unit_of(inst)
+        self.fleet.progress(self.plan.name, f"draining {inst.unit}")
+        request = http.Request(f"{inst.unit} metrics", f"{http.base_url(inst.host, inst.port)}/metrics", timeout=5)
+        command = Command(Op.METRICS, http.script(), stdin=http.stdin([request], None), check=False, units=(unit,))
+        with self.fleet.step(self.run, f"drain {inst.unit}") as step:
+            left: int | None = None
+            while True:
+                answer = http.missing(http.parse(self.session.run(command).text), request.id)
+                left = in_flight(answer.body.decode(errors="replace")) if answer.status == 200 else None
+                if left == 0 or self.fleet.abort.is_set() or time.monotonic() - start >= self.opts.idle_timeout:
+                    break
+                time.sleep(self.opts.poll)
+            waited = time.monotonic() - start
+            if left == 0:
+                step.evidence = [f"{inst.unit}: 0 requests running or waiting after {waited:.1f}s"]
+            else:
+                step.status = "warn"
+                shown = "unknown (no vLLM metrics)" if left is None else str(left)
+                step.evidence = [f"{inst.unit}: {shown} request(s) still in flight after the idle timeout of "
+                                 f"{self.opts.idle_timeout:.0f}s; stopping anyway (vLLM's --shutdown-timeout "
+                                 "lets them finish)"]
+                self.result.checks.append(CheckResult("drain", "warn", step.evidence[0], instance=inst.unit,
+                                                      fix="check that the pre-drain hook takes the instance out "
+                                                          "of the load balancer, or raise --idle-timeout"))
+        self.timeline.span(self._row(inst), "drain", t0, "ok" if left == 0 else "warn")
+        self._time(unit, "drain", waited)
+        return waited
+
+    def _stop_unit(self, unit: str, inst: InstancePlan | None, drained: float) -> None:
+        t0 = self.timeline.now()
+        self.fleet.progress(self.plan.name, f"stopping {unit}")
+        with self.fleet.step(self.run, f"stop {unit}") as step:
+            audit = {**self.audit("stop"), "unit": unit, "drained_seconds": round(drained, 1)}
+            stopped = rolling.parse_stop(self.session.run(rolling.stop_command(unit, audit)).text)
+            step.changed = True
+            step.evidence = [f"{unit}: {stopped.state or 'stopped'}"]
+            if stopped.killed:
+                step.status = "warn"
+                self.result.checks.append(CheckResult(
+                    "stop", "warn", f"{unit}: the process did not stop within TimeoutStopSec and was killed "
+                    "(SIGKILL): requests still in flight were cut", instance=unit.removesuffix(".service"),
+                    fix="raise vllm_drain_timeout if requests need longer to finish"))
+        self.timeline.span(self._row(unit), "stop", t0, "warn" if stopped.killed else "ok")
+        self._time(unit, "stop", self.timeline.now() - t0)
+
+    def _gpus_free(self, group: list[InstancePlan], after_stop: bool = True) -> gpurelease.Release:
+        """Wait until every GPU of the group is free; a holder still there at the timeout fails, named by PID."""
+        t0, start = self.timeline.now(), time.monotonic()
+        gpus = sorted({g for i in group for g in i.gpus})
+        self.fleet.progress(self.plan.name, f"waiting for GPU(s) {','.join(map(str, gpus))} to be released")
+        name = " ".join(i.unit for i in group)
+        with self.fleet.step(self.run, f"gpu release {name}") as step:
+            free_since: float | None = None
+            while True:
+                verdict = self._gpu_reading(group, gpus)
+                now = time.monotonic()
+                if verdict.free:
+                    # After a stop, two readings in a row: the driver frees memory asynchronously (unsloth PR
+                    # #5693). Before a first start one is enough: nothing of ours was letting go.
+                    if free_since is not None or not after_stop:
+                        break
+                    free_since = now
+                else:
+                    free_since = None
+                if now - start >= self.opts.gpu_timeout or self.fleet.abort.is_set():
+                    break
+                time.sleep(self.opts.poll)
+            step.evidence = [f"GPU(s) {','.join(map(str, gpus))}: {verdict.describe()} after {now - start:.1f}s"]
+            if not verdict.free:
+                step.status = "failed"
+                pids = " ".join(str(h.pid) for h in verdict.holders)
+                self.result.fail(
+                    Status.FAILED, f"GPU(s) of {name} not released {now - start:.0f}s after the stop: "
+                    f"{verdict.describe()}; nothing was started on them",
+                    (f"an orphan keeps the GPU memory: stop it (kill {pids}), then rerun" if pids else
+                     "find what holds the memory (nvidia-smi), free it, then rerun")
+                    + " (the instance stays stopped: a start now would fail vLLM's free-memory check)")
+        for inst in group:
+            self.timeline.span(self._row(inst), "gpu-release", t0, "ok" if verdict.free else "failed")
+            self._time(unit_of(inst), "gpu_release", now - start)
+        return verdict
+
+    def _gpu_reading(self, group: list[InstancePlan], gpus: list[int]) -> gpurelease.Release:
+        units = [unit_of(i) for i in group]
+        try:
+            reading = rolling.parse_gpus(self.session.run(rolling.gpu_command(units)).text)
+        except CheckInputError as exc:
+            raise RemoteError(Failure.COMMAND, f"nvidia-smi output unusable: {exc.message}",
+                              where=self.plan.name) from None
+        if any(reading.states.get(u, UnitState()).active_state not in ("inactive", "failed", "") for u in units):
+            return gpurelease.Release(False)  # still stopping: its processes may hold the GPUs
+        baseline = {g: mib for u in units for g, mib in reading.baselines.get(u, {}).items()}
+        sharing = {pid for pid, unit in reading.units.items() if unit not in units and unit.startswith("ernie-vllm-")}
+        return gpurelease.judge(gpus, reading.rows, reading.apps, reading.names, baseline, sharing)
+
+    def _start(self, group: list[InstancePlan], first: bool) -> dict[str, converge.Started]:
+        units = tuple(unit_of(i) for i in group)
+        changes = dataclasses.replace(self.work.activation, restart=(), start=units) if first \
+            else converge.Changes(start=units)
+        self.fleet.progress(self.plan.name, "starting " + " ".join(units))
+        self.started_at = self.timeline.now()
+        with self.fleet.step(self.run, "start " + " ".join(i.unit for i in group)) as step:
+            out = self.session.run(converge.activate_command(
+                changes, self.audit("start"), {unit_of(i): i.gpus for i in group})).text
+            step.changed = True
+            launched = converge.started_units(out)
+            missing = [u for u in units if u not in launched]
+            if missing:
+                # Nothing can be verified without knowing which run to watch: never call it ok.
+                raise RemoteError(Failure.COMMAND, "activate printed no start marker for "
+                                  f"{', '.join(missing)}, so the started units could not be verified",
+                                  where=self.plan.name,
+                                  hint="check that the host's shell runs the activate script unchanged "
+                                       "(sudo wrappers that swallow output?), then deploy again")
+        return launched
+
+    def _ready(self, group: list[InstancePlan], launched: dict[str, converge.Started],
+               rolled_back: bool = False) -> list[InstancePlan]:
+        """Readiness watch, then every instance check; the instances that failed (the result says why)."""
+        plan, result = self.plan, self.result
+        budget = self.opts.health_timeout or float(plan.settings["startup_budget"].value)
+        stable = self.opts.stable if self.opts.stable is not None else float(plan.settings["stable_seconds"].value)
+        failed: list[InstancePlan] = []
+        for inst in group:
+            t0 = self.timeline.now()
+            self.fleet.progress(plan.name, f"waiting for {inst.unit} to become ready")
+            with self.fleet.step(self.run, f"ready {inst.unit}") as step:
+                ready = readiness.watch(self.session, plan, inst, started=launched[unit_of(inst)], budget=budget,
+                                        exp=self.exp, abort=self.fleet.abort, stable=stable, poll=self.opts.poll)
+                step.evidence = [ready.summary]
+                if ready.status != "ready":
+                    step.status = "failed"
+            loaded = t0 + (ready.healthy_after if ready.healthy_after is not None else ready.seconds)
+            status = "ok" if ready.status == "ready" else "failed"
+            self.timeline.span(self._row(inst), "rollback" if rolled_back else "load", self.started_at, status)
+            if ready.healthy_after is not None:
+                self.timeline.spans[-1] = dataclasses.replace(self.timeline.spans[-1], end=loaded)
+                self.timeline.span(self._row(inst), "ready", loaded, status)
+            key = "rollback_ready" if rolled_back else "ready"
+            self._time(unit_of(inst), key, ready.seconds)
+            if ready.healthy_after is not None and not rolled_back:
+                self._time(unit_of(inst), "load", ready.healthy_after)
+            if ready.status != "ready":
+                failed.append(inst)
+                if not rolled_back:
+                    result.fail(Status.FAILED, ready.summary,
+                                " · ".join(x for x in (ready.cause, ready.fix) if x) or None)
+                    result.evidence = ready.evidence
+        ok = [i for i in group if i not in failed]
+        if ok and not self.fleet.abort.is_set():
+            failed += self._checks(ok, rolled_back)
+        return failed
+
+    def _checks(self, insts: list[InstancePlan], rolled_back: bool) -> list[InstancePlan]:
+        plan, result = self.plan, self.result
+        units = [unit_of(i) for i in insts]
+        requests = [r for i in insts for r in requests_for(plan, i, self.exp)]
+        with self.fleet.step(self.run, "checks") as step:
+            seen = probe.parse(self.session.run(probe.host_command(units, requests, api_key(plan))).text)
+            failed = []
+            for inst in insts:
+                checks = instance_checks(plan, inst, seen, self.exp)
+                result.checks += checks
+                bad = [c for c in checks if c.status == "fail"]
+                if bad:
+                    failed.append(inst)
+                    if not rolled_back:
+                        result.fail(Status.FAILED, f"{len(bad)} check(s) failed after the start: "
+                                    + "; ".join(c.summary for c in bad))
+            if failed:
+                step.status = "failed"
+        return failed
+
+    # -- undo ----------------------------------------------------------------------------------------
+    def _undo(self, failed: list[InstancePlan], later: list[InstancePlan], why: str | None) -> None:
+        """Restore what ran before for `failed` (restart and re-verify it) and give `later` (staged, not
+        reached) their files back. The host stays failed either way; the result says what was done."""
+        work, result = self.work, self.result
+        if why:
+            result.evidence.append(why)
+        if not work.revertible:
+            return
+        if not self.opts.rollback:
+            if failed:
+                result.rollbacks.append("kept as it failed (--no-rollback): "
+                                        + ", ".join(unit_of(i) for i in failed))
+            return
+        release = work.undo_to
+        restore = tuple(unit_of(i) for i in failed if release and releases.has_unit(release, unit_of(i)))
+        disable = tuple(unit_of(i) for i in failed if unit_of(i) not in restore)
+        unpend = tuple(unit_of(i) for i in later)
+        if not (restore or disable or unpend):
+            return
+        t0 = self.timeline.now()
+        with self.fleet.step(self.run, "roll back") as step:
+            self.session.run(releases.undo_command(release, restore, disable, unpend, self.audit("rollback")))
+            step.changed = True
+            if unpend:
+                step.evidence.append("files put back (never restarted): " + ", ".join(unpend))
+            if disable:
+                result.rollbacks.append(f"{', '.join(disable)}: no earlier release to go back to (first deploy): "
+                                        "stopped and disabled instead of crash-looping")
+        for unit in disable:
+            self.timeline.span(self._row(unit), "rollback", t0, "warn")
+        if not restore or release is None:
+            return
+        self.timeline.mark("rollback", f"{self.plan.name}: back to {release.id}")
+        back = released_instances(self.session, release, self.plan, [i for i in failed if unit_of(i) in restore])
+        cause = (result.status, result.message, result.hint)
+        freed = self._gpus_free(back).free
+        result.status, result.message, result.hint = cause
+        if not freed:
+            result.rollbacks.append(f"{', '.join(restore)}: files restored to {release.id}, but not started: "
+                                    "its GPUs were not released")
+            return
+        launched = self._start(back, first=False)
+        self.started_at = t0
+        still = self._ready(back, launched, rolled_back=True)
+        for inst in back:
+            verdict = "failed again" if inst in still else "ready and verified"
+            result.rollbacks.append(f"{unit_of(inst)}: rolled back to release {release.id}: {verdict}")

@@ -1,0 +1,55 @@
+"""Drain hooks: operator commands run on the controller around each instance's restart (docs/hooks.md).
+
+`--pre-drain` takes the instance out of the load balancer before it is stopped (vLLM's /health stays 200
+while it drains, so a balancer would not notice by itself); `--post-ready` puts it back once it passed the
+readiness gate. Context travels in ERNIE_* environment variables, never secrets. A non-zero exit or a run
+past the timeout is a failure that stops the rollout.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from dataclasses import dataclass
+
+from ernie_deploy.planning.plantypes import HostPlan, InstancePlan
+
+OUTPUT_LINES = 10
+
+
+@dataclass(frozen=True)
+class HookResult:
+    ok: bool
+    summary: str
+    output: list[str]
+
+
+def environment(name: str, command: str, plan: HostPlan, inst: InstancePlan, batch: int) -> dict[str, str]:
+    return {"ERNIE_HOOK": name, "ERNIE_COMMAND": command, "ERNIE_HOST": plan.name, "ERNIE_ADDRESS": plan.address,
+            "ERNIE_PORT": str(inst.port), "ERNIE_UNIT": f"{inst.unit}.service", "ERNIE_INSTANCE": str(inst.index),
+            "ERNIE_MODEL": inst.served_model_name, "ERNIE_BATCH": str(batch)}
+
+
+def run(name: str, shell: str, env: dict[str, str], timeout: float) -> HookResult:
+    """Run one hook with /bin/sh -c in its own process group, so a timeout ends the whole pipeline."""
+    try:
+        proc = subprocess.Popen(["/bin/sh", "-c", shell], env={**os.environ, **env}, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    except OSError as exc:
+        return HookResult(False, f"{name} hook could not start: {exc}", [])
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        return HookResult(False, f"{name} hook ran past its timeout of {timeout:.0f}s and was killed",
+                          _tail(out))
+    lines = _tail(out)
+    if proc.returncode != 0:
+        return HookResult(False, f"{name} hook exited {proc.returncode}", lines)
+    return HookResult(True, f"{name} hook ok", lines)
+
+
+def _tail(out: bytes) -> list[str]:
+    return out.decode(errors="replace").splitlines()[-OUTPUT_LINES:]

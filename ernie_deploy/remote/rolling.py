@@ -1,0 +1,133 @@
+"""Commands of one instance's restart cycle besides start (converge.activate): stop it, and read whether its
+GPUs are free again. Parsers are pure and live beside them.
+
+The GPU baseline (used memory per GPU right before the instance started) is written by activate when it
+starts a unit that was not running, so the release gate compares against what the GPUs held without it.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ernie_deploy.checks.gpus import ComputeApp, GpuRow, csv_number, csv_rows, parse_compute_apps, parse_gpu_rows
+from ernie_deploy.remote import systemd
+from ernie_deploy.remote.command import Command, Op
+from ernie_deploy.remote.probe import APPS_QUERY, GPU_QUERY
+from ernie_deploy.remote.state import AUDIT_LOG, BASELINE_DIR
+
+MARK = "@@ernie-deploy:"
+
+
+def audit_line(record: dict[str, Any]) -> str:
+    q = shlex.quote
+    return (f"mkdir -p $(dirname {AUDIT_LOG}); printf '%s\\n' {q(json.dumps(record, sort_keys=True))} >> {AUDIT_LOG}; "
+            f"chmod 0600 {AUDIT_LOG}")
+
+
+def baseline_script(unit: str, gpus: tuple[int, ...]) -> str:
+    """Record the GPUs' used memory before `unit` starts, unless it runs already (then it holds them)."""
+    q = shlex.quote
+    path = f"{BASELINE_DIR}/{unit}"
+    ids = ",".join(str(g) for g in gpus)
+    return (f"if ! systemctl is-active -q {q(unit)}; then mkdir -p {BASELINE_DIR}; "
+            f"nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -i {ids} > {q(path)}.new "
+            f"2>/dev/null && mv -f {q(path)}.new {q(path)} || rm -f {q(path)}.new; fi")
+
+
+def stop_command(unit: str, audit: dict[str, Any]) -> Command:
+    """systemctl stop (SIGTERM to the API server, which drains; SIGKILL to what is left after TimeoutStopSec),
+    then whether systemd had to kill the old run."""
+    q = shlex.quote
+    script = "\n".join([
+        "set -u",
+        f"OLD=$(systemctl show -p InvocationID --value {q(unit)})",
+        f"systemctl stop {q(unit)}",
+        f"printf '{MARK}stopped %s\\n' \"$(systemctl show -p ActiveState --value {q(unit)})\"",
+        # systemd logs this when the process outlived TimeoutStopSec and got SIGKILL (requests were cut).
+        f"if [ -n \"$OLD\" ] && journalctl INVOCATION_ID=\"$OLD\" -o cat --no-pager 2>/dev/null | "
+        f"grep -q 'timed out. Killing'; then printf '{MARK}killed\\n'; fi",
+        audit_line(audit),
+    ]) + "\n"
+    return Command(Op.STOP, script, units=(unit,), timeout=3600)
+
+
+@dataclass(frozen=True)
+class Stopped:
+    state: str
+    killed: bool
+
+
+def parse_stop(text: str) -> Stopped:
+    state, killed = "", False
+    for line in text.splitlines():
+        if line.startswith(f"{MARK}stopped "):
+            state = line.split(" ", 1)[1].strip()
+        elif line == f"{MARK}killed":
+            killed = True
+    return Stopped(state, killed)
+
+
+def gpu_command(units: Sequence[str]) -> Command:
+    """The units' states and baselines, every GPU's memory, and the compute processes with their names and units."""
+    q = shlex.quote
+    per_unit = "".join(f"printf '{MARK}unit %s\\n' {q(u)}; {systemd.show_one(u)}\n"
+                       f"printf '{MARK}baseline %s\\n' {q(u)}; cat {q(BASELINE_DIR + '/' + u)} 2>/dev/null; true\n"
+                       for u in units)
+    script = (per_unit +
+              f"printf '{MARK}gpus\\n'; {GPU_QUERY} 2>&1\n"
+              f"printf '{MARK}apps\\n'; {APPS_QUERY} 2>&1\n"
+              f"printf '{MARK}ps\\n'; ps -e -o pid=,comm=\n"
+              # The unit each GPU process belongs to (its cgroup), so another running instance sharing the GPU
+              # is not taken for an orphan.
+              f"printf '{MARK}cgroups\\n'; nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | "
+              f"while read -r p; do printf '%s %s\\n' \"$p\" \"$(tail -n 1 /proc/$p/cgroup 2>/dev/null | "
+              f"sed 's|.*/||')\"; done\n")
+    return Command(Op.GPU_RELEASE, script, units=tuple(units))
+
+
+@dataclass
+class GpuReading:
+    states: dict[str, systemd.UnitState] = field(default_factory=dict)
+    rows: list[GpuRow] = field(default_factory=list)
+    apps: list[ComputeApp] = field(default_factory=list)
+    names: dict[int, str] = field(default_factory=dict)
+    units: dict[int, str] = field(default_factory=dict)  # GPU process → the systemd unit it belongs to
+    baselines: dict[str, dict[int, float]] = field(default_factory=dict)  # unit → GPU → MiB (absent: none kept)
+
+
+def parse_gpus(text: str) -> GpuReading:
+    sections: dict[str, list[str]] = {}
+    target: list[str] | None = None
+    for line in text.splitlines():
+        if line.startswith(MARK):
+            target = sections.setdefault(line[len(MARK):].strip(), [])
+        elif target is not None:
+            target.append(line)
+    reading = GpuReading()
+    reading.rows = parse_gpu_rows("\n".join(sections.get("gpus", [])))
+    reading.apps = parse_compute_apps("\n".join(sections.get("apps", [])))
+    for line in sections.get("ps", []):
+        pid, _, name = line.strip().partition(" ")
+        if pid.isdigit():
+            reading.names[int(pid)] = name.strip()
+    for line in sections.get("cgroups", []):
+        pid, _, unit = line.strip().partition(" ")
+        if pid.isdigit() and unit.strip():
+            reading.units[int(pid)] = unit.strip()
+    for key, lines in sections.items():
+        kind, _, unit = key.partition(" ")
+        if kind == "unit":
+            reading.states[unit] = systemd.parse_state("\n".join(lines))
+        elif kind == "baseline" and any(line.strip() for line in lines):
+            what = f"baseline of {unit}"
+            baseline = {}
+            for lineno, (index, used) in csv_rows("\n".join(lines), 2, what):
+                value = csv_number(used, what, lineno, "memory.used")
+                if index.isdigit() and value is not None:
+                    baseline[int(index)] = value
+            reading.baselines[unit] = baseline
+    return reading
