@@ -87,8 +87,9 @@ class FakeHost:
         hashes = "\n".join(f"{hashlib.sha256(c.encode()).hexdigest()}  {p}" for p, c in sorted(self.files.items()))
         units = "\n\n".join(self.show(u) for u in self.unit_names())
         return (f"\n{MARK}gpus\n{gpus}\nrc=0\n{MARK}topo\n\n{MARK}systemd\nsystemd 252\n"
-                f"{MARK}files\n{hashes}\n{MARK}units\n{units}\n"
-                f"{MARK}now\n{10**9}\n{MARK}health\n" + "".join(f"{u} 200\n" for u in self.active) +
+                f"{MARK}files\n{hashes}\n{MARK}units\n{units}\n{MARK}unitgpus\n"
+                + "".join(f"{u} {','.join(map(str, self.unit(u).gpus))}\n" for u in self.unit_names())
+                + f"{MARK}now\n{10**9}\n{MARK}health\n" + "".join(f"{u} 200\n" for u in self.active) +
                 f"{MARK}model\n{CONFIG}\nrc=0\n{MARK}modeluser\n"
                 + {True: "readable\n", False: "unreadable\n", None: ""}[self.model_readable]
                 + f"{MARK}vllm\n0.34.0\nrc=0\n{MARK}pending\n"
@@ -165,9 +166,14 @@ class FakeHost:
         return http.MARK + json.dumps({"id": request["id"], "status": 200, "error": None, "seconds": 0.01,
                                        "body": base64.b64encode(body.encode()).decode()}) + "\n"
 
-    def undo(self, cmd: Command) -> str:
+    def restore(self, cmd: Command) -> str:
         for rid, path in re.findall(r"cp -p \S*/releases/([^/']+)(/etc/\S+?)'? ", cmd.script):
             self.files[path] = self.release_files[rid][path]
+        self.pending |= set(cmd.units)
+        return ""
+
+    def undo(self, cmd: Command) -> str:
+        self.restore(cmd)
         for u in re.findall(r"systemctl stop '?([\w.-]+\.service)", cmd.script):
             self.active.pop(u, None)
         self.pending -= set(cmd.units)
@@ -264,6 +270,7 @@ class FakeSession:
             Op.GPU_RELEASE: lambda: h.gpu_release(cmd),
             Op.METRICS: lambda: h.metrics(cmd),
             Op.UNDO: lambda: h.undo(cmd),
+            Op.RESTORE: lambda: h.restore(cmd),
         }
         if cmd.op not in answers:
             result = RunResult(cmd.label, 127, b"", f"fake host: no answer for {cmd.op}".encode())

@@ -209,7 +209,7 @@ def test_stage_records_a_release_of_every_managed_file(tmp_path: Path) -> None:
     runner(fakes).run(inventory(tmp_path, {"a": {**two, "vllm_max_model_len": 2048}}))
     first, second = fakes["a"].releases
     assert sorted(first["files"]) == sorted(fakes["a"].files) and len(first["files"]) == 4
-    assert re.fullmatch(r"\d{8}T\d{6}Z-[0-9a-f]{8}", second["id"]) and second["id"] != first["id"]
+    assert re.fullmatch(r"\d{8}T\d{6}\.\d{3}Z-[0-9a-f]{8}", second["id"]) and second["id"] != first["id"]
     assert second["changed"] == ["/etc/systemd/system/ernie-vllm-0.service",
                                  "/etc/systemd/system/ernie-vllm-1.service"]
 

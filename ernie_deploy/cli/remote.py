@@ -1,8 +1,10 @@
-"""Commands that talk to hosts: deploy, verify, facts, lock. Thin: parse options, run, print, exit code."""
+"""Commands that talk to hosts: deploy, restart, rollback, releases, verify, facts, lock. Thin: parse options,
+run, print, exit code."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import signal
 from functools import partial
@@ -12,18 +14,21 @@ from typing import Any
 from ernie_deploy.checks.junit import to_junit
 from ernie_deploy.checks.playbook import Expectations, load_playbook
 from ernie_deploy.checks.result import CheckResult
+from ernie_deploy.cli import rollout
 from ernie_deploy.errors import ExitCode
 from ernie_deploy.inventory.inventory import Host, load_inventory
 from ernie_deploy.orchestration.deploy import Options, Runner
 from ernie_deploy.orchestration.fleet import Fleet, FleetOptions
-from ernie_deploy.orchestration.hosts import gather_facts, lock_state
+from ernie_deploy.orchestration.hosts import gather_facts, list_releases, lock_state
+from ernie_deploy.orchestration.restart import Restarter, RestartOptions
 from ernie_deploy.orchestration.results import HostResult, exit_code
+from ernie_deploy.orchestration.rollout import Report
 from ernie_deploy.orchestration.transport import Connector
 from ernie_deploy.orchestration.verify import Verifier
 from ernie_deploy.output import console
 from ernie_deploy.output.jsonout import RESULTS_SCHEMA
 from ernie_deploy.output.jsonout import results_document as document
-from ernie_deploy.output.recap import show_checks, show_recap, show_results
+from ernie_deploy.output.recap import show_checks, show_recap, show_results, show_rollout
 from ernie_deploy.planning.plan import PlanContext
 from ernie_deploy.remote.ssh import HostKeyPolicy, connect
 
@@ -81,7 +86,42 @@ def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
                    help="extra checks run after each restart (see playbooks/verify.yml)")
     p.add_argument("--templates", type=Path, metavar="DIR",
                    help="your own vllm.service.j2 / vllm.env.j2 instead of the bundled ones (as for render)")
+    rollout.add_options(p, default_serial=None)
     p.set_defaults(func=cmd_deploy)
+
+    p = sub.add_parser("restart", help="restart running instances batch by batch without losing capacity",
+                       description="Restart instances on purpose (after a driver or model-file update, or to clear "
+                                   "a wedged one), like Ansible's serial: per batch of hosts, each instance is "
+                                   "taken out of the load balancer (--pre-drain), drained, stopped, its GPUs "
+                                   "waited for, started, verified and put back (--post-ready). Refuses to start "
+                                   "when an instance in scope is down already, unless --force. Exit codes: 0 ok, "
+                                   "2 a host failed or the rollout stopped, 4 unreachable, 6 locked, 130 "
+                                   "interrupted (continue with --resume).")
+    common(p)
+    _ssh_options(p)
+    _day2_options(p)
+    rollout.add_options(p, default_serial="1", rollback=False, instance=True)
+    p.set_defaults(func=cmd_restart)
+
+    p = sub.add_parser("rollback", help="restore an earlier release kept on the hosts, restart and verify",
+                       description="Put back the release before the current one (or --to ID, see `releases`), "
+                                   "then restart its instances batch by batch like `restart` and verify them "
+                                   "against the restored unit files. An instance that fails goes back to what "
+                                   "ran before the rollback.")
+    common(p)
+    _ssh_options(p)
+    _day2_options(p)
+    p.add_argument("--to", metavar="RELEASE", help="the release id to restore (default: the one before the current)")
+    rollout.add_options(p, default_serial="1", instance=True)
+    p.set_defaults(func=cmd_rollback)
+
+    p = sub.add_parser("releases", help="list the releases kept on each host (to choose one for rollback)",
+                       description="Read-only: each host's kept releases, oldest first, with time, who made them, "
+                                   "what changed, and which one is installed now (current).")
+    common(p)
+    _ssh_options(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output (schema ernie-deploy/releases/v1)")
+    p.set_defaults(func=cmd_releases)
 
     p = sub.add_parser("verify", help="check running services: readiness, smoke test, log keywords, GPU balance",
                        description="Without restarting anything, check every instance: systemd state, its start-up "
@@ -117,25 +157,93 @@ def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
     p.set_defaults(func=cmd_lock)
 
 
+def _day2_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-C", "--check", action="store_true",
+                   help="change nothing: show the batches and what each instance would go through (no hook runs)")
+    p.add_argument("--lock-wait", type=float, default=0.0, metavar="S", help="wait up to S seconds for a held lock")
+    p.add_argument("--startup-budget", dest="health_timeout", type=float, default=0.0, metavar="S",
+                   help="seconds a started instance may take to become ready (default: each host's "
+                        "vllm_startup_budget)")
+    p.add_argument("--playbook", type=Path, metavar="FILE", help="extra checks run after each start")
+    p.add_argument("--json", action="store_true", help=f"machine-readable results (schema {RESULTS_SCHEMA})")
+
+
 def cmd_deploy(args: argparse.Namespace) -> int:
     _, ctx, hosts = _targets(args)
+    command = "ernie-deploy deploy" + (" --check" if args.check else "")
     options = Options(check=args.check, diff=args.diff, prune=args.prune, forks=args.forks,
                       any_errors_fatal=args.any_errors_fatal, lock_wait=args.lock_wait,
                       health_timeout=args.health_timeout, known_hosts=tuple(args.known_hosts),
-                      command="ernie-deploy deploy" + (" --check" if args.check else ""), templates=args.templates)
+                      command=command, templates=args.templates, cycle=rollout.cycle_options(args, "deploy"),
+                      rollout=rollout.rollout_options(args, "deploy", preflight=args.serial is not None))
     exp = load_playbook(args.playbook) if args.playbook else Expectations()
     runner = Runner(ctx, _connector(args), options, expectations=exp)
     with console.HostProgress("deploy" + (" (check mode)" if args.check else "")) as progress:
         runner.fleet.progress = progress.update
         results = runner.run(hosts)
-    code = exit_code(results, runner.stopped_by)
-    _say_stopped(runner.stopped_by)
+    return _finish(args, "deploy", results, runner.stopped_by, runner.report)
+
+
+def _finish(args: argparse.Namespace, name: str, results: list[HostResult], stopped_by: int | None,
+            report: Report) -> int:
+    code = exit_code(results, stopped_by)
+    _say_stopped(stopped_by)
+    rollout.write_timeline(args, report, f"ernie-deploy {name}")
     if args.json:
-        console.print_json(document("deploy", results, code, check=args.check))
+        console.print_json(document(name, results, code, check=args.check, rollout=rollout.report_json(report)))
     else:
         show_results(results, verbose=args.verbose)
+        show_rollout(report, results)
         show_recap(results)
     return code
+
+
+def _restart(args: argparse.Namespace, mode: str) -> int:
+    _, ctx, hosts = _targets(args)
+    command = f"ernie-deploy {mode}" + (" --check" if args.check else "")
+    options = RestartOptions(mode=mode, instance=args.instance, to=getattr(args, "to", None), check=args.check,
+                             forks=args.forks, lock_wait=args.lock_wait, known_hosts=tuple(args.known_hosts),
+                             command=command, cycle=dataclasses.replace(rollout.cycle_options(args, mode),
+                                                                        health_timeout=args.health_timeout),
+                             rollout=rollout.rollout_options(args, mode, preflight=True))
+    exp = load_playbook(args.playbook) if args.playbook else Expectations()
+    restarter = Restarter(ctx, _connector(args), options, expectations=exp)
+    with console.HostProgress(mode + (" (check mode)" if args.check else "")) as progress:
+        restarter.fleet.progress = progress.update
+        results = restarter.run(hosts)
+    return _finish(args, mode, results, restarter.stopped_by, restarter.report)
+
+
+def cmd_restart(args: argparse.Namespace) -> int:
+    return _restart(args, "restart")
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    return _restart(args, "rollback")
+
+
+def cmd_releases(args: argparse.Namespace) -> int:
+    _, ctx, hosts = _targets(args)
+    listed = list_releases(Fleet(_connector(args), _fleet_options(args)), ctx, hosts)
+    if args.json:
+        console.print_json({"schema": "ernie-deploy/releases/v1", "hosts": {
+            r.host: {"error": _error(r), "current": now,
+                     "releases": [{"id": x.id, "time": x.time, "user": x.user, "command": x.command,
+                                   "changed": list(x.changed), "files": x.files} for x in kept]}
+            for r, kept, now in listed}})
+    else:
+        for r, kept, now in listed:
+            if r.finished:
+                console.out.print(_error(r) or r.host, markup=False)
+                continue
+            console.out.print(f"{r.host}: {len(kept)} release(s) kept" + ("" if now else
+                              "; the installed files match none of them"), markup=False)
+            for x in kept:
+                changed = ", ".join(p.rsplit("/", 1)[1] for p in x.changed) or "nothing"
+                mark = "  (current)" if x.id == now else ""
+                console.out.print(f"    {x.id}  {x.time}  {x.user}  {x.command}  changed: {changed}{mark}",
+                                  markup=False)
+    return exit_code([r for r, _, _ in listed])
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

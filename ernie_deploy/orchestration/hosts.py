@@ -9,7 +9,7 @@ from ernie_deploy.orchestration.fleet import Fleet, HostRun
 from ernie_deploy.orchestration.results import HostResult, Status
 from ernie_deploy.orchestration.transport import RemoteHost
 from ernie_deploy.planning.plan import PlanContext, plan_host
-from ernie_deploy.remote import lock
+from ernie_deploy.remote import lock, releases
 from ernie_deploy.remote.facts import HostFacts, gather_command, parse_facts
 
 
@@ -48,3 +48,22 @@ def lock_state(fleet: Fleet, hosts: Sequence[RemoteHost], *, break_: bool,
         run.result.status = Status.CHANGED
 
     return [(r.result, r.data.get("lock", "")) for r in fleet.run(hosts, [one])]
+
+
+def list_releases(fleet: Fleet, ctx: PlanContext, hosts: Sequence[RemoteHost]
+                  ) -> list[tuple[HostResult, list[releases.Release], str | None]]:
+    """Each host's kept releases (oldest first) and the id of the current one (its files are what is installed)."""
+    def one(run: HostRun) -> None:
+        pre = plan_host(run.host, ctx)
+        session = fleet.connect(run)
+        with fleet.step(run, "releases"):
+            facts = parse_facts(session.run(gather_command(pre.model_path or "/nonexistent", pre.bin or "vllm")).text)
+            kept = releases.parse_list(session.run(releases.list_command()).text)
+        now = releases.current(kept, facts.files)
+        run.data["releases"] = (kept, now.id if now else None)
+
+    out = []
+    for r in fleet.run(hosts, [one]):
+        kept, now = r.data.get("releases", ([], None))
+        out.append((r.result, kept, now))
+    return out

@@ -8,7 +8,9 @@ from typing import Any
 from ernie_deploy.orchestration.results import HostResult, Step
 
 # v2: each host carries its steps, the release a change recorded, leftover units and drop-ins.
-RESULTS_SCHEMA = "ernie-deploy/deploy/v2"
+# v3: rollouts: each host's batch, per-instance phase timings and rollback actions; the document's "rollout"
+# (batches, done, stopped, refused, resumed).
+RESULTS_SCHEMA = "ernie-deploy/deploy/v3"
 
 
 def step_json(s: Step) -> dict[str, Any]:
@@ -24,7 +26,8 @@ def host_json(r: HostResult) -> dict[str, Any]:
         "reasons": r.reasons, "diffs": r.diffs,
         "findings": [f.to_json() for f in r.findings], "evidence": r.evidence,
         "checks": [c.to_json() for c in r.checks], "steps": [step_json(s) for s in r.steps],
-        "release": r.release, "remote_commands": r.commands, "seconds": round(r.seconds, 3),
+        "release": r.release, "batch": r.batch, "timings": r.timings, "rollbacks": r.rollbacks,
+        "remote_commands": r.commands, "seconds": round(r.seconds, 3),
     }
 
 

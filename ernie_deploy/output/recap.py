@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ernie_deploy.orchestration.results import HostResult, Status, recap_counts
+from ernie_deploy.orchestration.rollout import Report
 from ernie_deploy.output import console
 from ernie_deploy.output.report import STYLE
 
+TIMED = ("drain", "stop", "gpu_release", "load", "ready", "rollback_ready")
 COLOUR = {Status.OK: "green", Status.CHANGED: "yellow", Status.FAILED: "bold red", Status.UNREACHABLE: "bold red",
           Status.SKIPPED: "cyan", Status.LOCKED: "bold magenta"}
 
@@ -38,6 +40,8 @@ def show_results(results: Sequence[HostResult], verbose: int = 0) -> None:
             console.verbatim(diff)
         for line in r.evidence:
             console.out.print(f"    | {line}", markup=False)
+        for line in r.rollbacks:
+            console.out.print(f"    rollback: {line}", markup=False)
         bad = [c for c in r.checks if c.status != "pass"]
         for c in bad:
             console.out.print(f"    {c.status} {c.instance} {c.name}: {c.summary}", markup=False)
@@ -90,3 +94,22 @@ def show_recap(results: Sequence[HostResult]) -> None:
         console.out.print(f"{r.host:<26} : ok={c['ok']:<4} changed={c['changed']:<4} "
                           f"unreachable={c['unreachable']:<4} failed={c['failed']:<4} skipped={c['skipped']:<4}",
                           markup=False, highlight=False)
+
+
+def show_rollout(report: Report, results: Sequence[HostResult]) -> None:
+    """Batches, where the rollout stopped, and per-instance phase timings."""
+    if report.refused:
+        console.out.print("pre-flight: already down: " + "; ".join(report.refused), markup=False)
+    if len(report.batches) > 1 or report.resumed:
+        done = {k + 1 for k in report.done}
+        for k, batch in enumerate(report.batches, 1):
+            state = "done" if k in done else "not done"
+            console.out.print(f"batch {k}: {', '.join(batch)} ({state})", markup=False)
+    if report.stopped:
+        console.out.print(f"[bold red]{report.stopped}[/]; continue later with --resume", markup=True,
+                          highlight=False)
+    rows = [(r.host, unit, phases) for r in results for unit, phases in r.timings.items()]
+    if rows:
+        console.table("per-instance timings", ["instance", *TIMED],
+                      [[f"{host} {unit}", *(f"{phases[p]:.1f}s" if p in phases else "-" for p in TIMED)]
+                       for host, unit, phases in rows])

@@ -60,6 +60,7 @@ class Changes:
     reasons: dict[str, str] = field(default_factory=dict)  # unit → why it (re)starts
     leftover: tuple[str, ...] = ()  # installed units the plan no longer has (pruned only with --prune)
     dropins: tuple[str, ...] = ()  # drop-in files overriding our units (systemctl edit): drift
+    reload: bool = False  # unit files were changed another way (a release restored): daemon-reload first
 
     @property
     def empty(self) -> bool:
@@ -67,7 +68,8 @@ class Changes:
 
     @property
     def daemon_reload(self) -> bool:
-        return any(f.path.endswith(".service") for f in self.files) or bool(self.prune) or bool(self.dropins)
+        return self.reload or any(f.path.endswith(".service") for f in self.files) or bool(self.prune) \
+            or bool(self.dropins)
 
     @property
     def units(self) -> tuple[str, ...]:
@@ -143,10 +145,12 @@ def compute_changes(plan: HostPlan, files: list[RenderedFile], facts: HostFacts,
 
 
 def release_id(files: list[RenderedFile], now: float) -> str:
-    """Time (UTC, sortable) plus a short hash of the full managed set."""
+    """Time (UTC to the millisecond, sortable) plus a short hash of the full managed set."""
     digest = hashlib.sha256("".join(f"{f.path}\0{f.sha256}\n" for f in sorted(files, key=lambda f: f.path))
                             .encode()).hexdigest()[:8]
-    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now)) + f"-{digest}"
+    # Milliseconds: ids sort by time on the host (listing, pruning, "the one before"), also for two
+    # changes within one second.
+    return time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z-{digest}"
 
 
 def _staged_name(index: int) -> str:
@@ -325,7 +329,9 @@ def unified_diff(path: str, old: str | None, new: str, secret: bool, new_label: 
 def moved_gpus(plan: HostPlan, facts: HostFacts) -> list[str]:
     """Why this host's instances cannot restart one at a time: a planned instance would take GPUs that another
     running unit (ours) holds now, or runs on other GPUs than planned. Empty when each can go alone."""
-    running = {u: set(facts.unit_gpus.get(u, ())) for u, s in facts.units.items() if s.active_state in RUNNING}
+    # A unit without CUDA_VISIBLE_DEVICES (not written by us) says nothing about its GPUs.
+    running = {u: set(facts.unit_gpus[u]) for u, s in facts.units.items()
+               if s.active_state in RUNNING and facts.unit_gpus.get(u)}
     why = []
     for inst in plan.instances:
         unit, wanted = f"{inst.unit}.service", set(inst.gpus)

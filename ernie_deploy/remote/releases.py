@@ -54,7 +54,7 @@ def parse_list(text: str) -> list[Release]:
     return out
 
 
-def restore_command(release: Release, units: tuple[str, ...] = ()) -> Command:
+def restore_command(release: Release, units: tuple[str, ...] = (), audit: dict[str, Any] | None = None) -> Command:
     """Put back a release's files (only those of `units`, or all) and mark their units pending."""
     q = shlex.quote
 
@@ -73,6 +73,8 @@ def restore_command(release: Release, units: tuple[str, ...] = ()) -> Command:
     if restored:
         lines += [f"printf '%s\\n' {' '.join(q(u) for u in restored)} >> {PENDING_FILE}",
                   f"sort -u -o {PENDING_FILE} {PENDING_FILE}"]
+    if audit is not None:
+        lines.append(audit_line(audit))
     return Command(Op.RESTORE, "\n".join(lines) + "\n", units=tuple(restored))
 
 

@@ -65,6 +65,14 @@ AUTO_FIT_SHORT_MAX_MODEL_LEN = 8192  # 0.34.0 vllm/v1/core/kv_cache_planning.py:
 CONTEXT_MIB = 500  # memory a process shows right after CUDA init, before weights
 PR_SET_NAME = 15
 PR_SET_PDEATHSIG = 1
+# The EngineCore's traceback when its executor failed: (0.11.0 line, 0.34.0 line, function, source line) in
+# vllm/v1/engine/core.py of each wheel.
+EXECUTOR_FAILED_FRAMES = (
+    (701, 1743, "run_engine_core", "engine_core.run_busy_loop()"),
+    (726, 1798, "run_busy_loop", "self._process_input_queue()"),
+    (740, 1841, "_process_input_queue", "self._handle_client_request(*req)"),
+    (786, 1985, "_handle_client_request", 'raise RuntimeError("Executor failed.")'),
+)
 FORCED_FAULTS = (
     "architecture", "max_model_len", "world_size", "attention_heads", "expert_parallel", "free_memory",
     "nccl", "moe_tp", "cuda_oom", "kv_cache", "address_in_use", "traceback",
@@ -754,13 +762,10 @@ class Serve:
         # The failure callback queues EXECUTOR_FAILED; the busy loop raises RuntimeError("Executor failed."),
         # run_engine_core logs it and sends ENGINE_CORE_DEAD to the client (0.11.0 v1/engine/core.py:471-472,
         # 706-711, 785-786; 0.34.0 :1353-1354, 1756-1760, 1984-1985).
-        new = self.profile.engine_dead_client_message
-        lines = (1743, 1798, 1841, 1985) if new else (701, 726, 740, 786)
-        frames = "".join(f'  File "{SITE}/v1/engine/core.py", line {n}, in {fn}\n    {code}\n' for n, fn, code in zip(
-            lines, ("run_engine_core", "run_busy_loop", "_process_input_queue", "_handle_client_request"),
-            ("engine_core.run_busy_loop()", "self._process_input_queue()", "self._handle_client_request(*req)",
-             'raise RuntimeError("Executor failed.")'), strict=True))
-        where = "core.py:1759" if new else "core.py:710"
+        v034 = self.profile.newer_engine_fields  # core.py line numbers as elsewhere in this file
+        frames = "".join(f'  File "{SITE}/v1/engine/core.py", line {line_034 if v034 else line_011}, in {func}\n'
+                         f"    {code}\n" for line_011, line_034, func, code in EXECUTOR_FAILED_FRAMES)
+        where = "core.py:1759" if v034 else "core.py:710"
         self.log.log(engine, "ERROR", where, "EngineCore encountered a fatal error.")
         self.log.log(engine, "ERROR", where,
                      f"Traceback (most recent call last):\n{frames}RuntimeError: Executor failed.")

@@ -1,0 +1,82 @@
+"""Rollout options shared by deploy, restart and rollback, and what they turn into."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ernie_deploy.errors import DeployError
+from ernie_deploy.orchestration import resume
+from ernie_deploy.orchestration.cycle import CycleOptions
+from ernie_deploy.orchestration.rollout import Report, RolloutOptions
+from ernie_deploy.output import timeline
+from ernie_deploy.planning.batches import parse_percentage, parse_serial
+
+
+def add_options(p: argparse.ArgumentParser, *, default_serial: str | None, rollback: bool = True,
+                instance: bool = False) -> None:
+    g = p.add_argument_group("rollout", "batches, drain and the readiness gate (docs/rolling.md, docs/hooks.md)")
+    g.add_argument("--serial", metavar="S", default=default_serial,
+                   help="hosts per batch, like Ansible's serial: a count, N%%, or a list such as 1,2,50%% (the "
+                        "last repeats; 0 means the rest)" + (f"; default {default_serial}" if default_serial else
+                                                              "; default: every host in one batch"))
+    g.add_argument("--canary", type=int, default=0, metavar="N",
+                   help="the first N hosts form a batch of their own; the first batch must pass every check "
+                        "before the rest start")
+    g.add_argument("--max-fail-percentage", metavar="P",
+                   help="stop when more than P%% of a batch's hosts fail (a batch that fails whole always stops)")
+    g.add_argument("--pre-drain", metavar="CMD",
+                   help="run on the controller before an instance is stopped (take it out of the load balancer); "
+                        "ERNIE_* variables say which; non-zero exit stops the rollout")
+    g.add_argument("--post-ready", metavar="CMD", help="run after an instance passed the readiness gate (put it back)")
+    g.add_argument("--hook-timeout", type=float, default=60.0, metavar="S", help="longest a hook may run")
+    g.add_argument("--idle-timeout", type=float, default=60.0, metavar="S",
+                   help="wait up to S seconds after the pre-drain hook for vLLM's running + waiting requests to "
+                        "reach 0 (vllm_drain_timeout stays vLLM's own --shutdown-timeout)")
+    g.add_argument("--gpu-release-timeout", type=float, default=120.0, metavar="S",
+                   help="wait up to S seconds after a stop for the instance's GPUs to be free")
+    g.add_argument("--parallel-instances", action="store_true",
+                   help="restart all of a host's instances at once instead of one at a time")
+    g.add_argument("--force", action="store_true",
+                   help="start the rollout although instances in scope are already down")
+    g.add_argument("--resume", action="store_true",
+                   help="continue a stopped rollout (same inventory, --limit, --instance) with its next batch")
+    if rollback:
+        g.add_argument("--no-rollback", action="store_true",
+                       help="keep a failed instance as it failed (for debugging) instead of restoring what ran before")
+    if instance:
+        g.add_argument("--instance", metavar="K", help="only this instance of each host: its index or unit name")
+    g.add_argument("--timeline", type=Path, metavar="FILE",
+                   help="draw the rollout as FILE.svg or FILE.html: one row per instance, its phases on a time axis")
+
+
+def cycle_options(args: argparse.Namespace, command: str) -> CycleOptions:
+    return CycleOptions(command=command, pre_drain=args.pre_drain, post_ready=args.post_ready,
+                        hook_timeout=args.hook_timeout, idle_timeout=args.idle_timeout,
+                        gpu_timeout=args.gpu_release_timeout, parallel_instances=args.parallel_instances,
+                        rollback=not getattr(args, "no_rollback", False))
+
+
+def rollout_options(args: argparse.Namespace, command: str, *, preflight: bool) -> RolloutOptions:
+    if args.canary < 0:
+        raise DeployError(f"--canary must be 0 or more, got {args.canary}", hint="--canary 1 makes the first host "
+                                                                                  "a batch of its own")
+    if args.timeline is not None and args.timeline.suffix.lower() not in (".svg", ".html", ".htm"):
+        raise DeployError(f"--timeline {args.timeline}: the file must end in .svg or .html",
+                          hint="--timeline rollout.svg")
+    key = None if getattr(args, "check", False) else \
+        resume.key_of(command, args.inventory, args.limit, getattr(args, "instance", None))
+    return RolloutOptions(
+        serial=parse_serial(args.serial) if args.serial is not None else None, canary=args.canary,
+        max_fail_percentage=parse_percentage(args.max_fail_percentage) if args.max_fail_percentage else None,
+        force=args.force, preflight=preflight, resume_key=key, resume=args.resume, command=command)
+
+
+def write_timeline(args: argparse.Namespace, report: Report, title: str) -> None:
+    if args.timeline is not None:
+        timeline.write(report.timeline, args.timeline, title)
+
+
+def report_json(report: Report) -> dict[str, object]:
+    return {"batches": report.batches, "done": [k + 1 for k in report.done], "stopped": report.stopped or None,
+            "refused": report.refused, "resumed": report.resumed}

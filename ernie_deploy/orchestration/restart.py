@@ -1,0 +1,192 @@
+"""Restart and rollback: day-two rollouts over running instances, batch by batch (rollout.py), each instance
+through the restart cycle (cycle.py).
+
+* restart: the same files, a new process (after a driver or model-file update, or to clear a wedged or
+  crash-looping instance). A host whose files differ from the plan is refused: deploy rolls those out.
+* rollback: put back a release kept on the host (the one before the current, or --to ID), then cycle its
+  instances and verify them against what the release's unit files run. A failed one goes back to what ran
+  before the rollback.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ernie_deploy.checks.playbook import Expectations
+from ernie_deploy.errors import DeployError
+from ernie_deploy.orchestration.cycle import CycleOptions, HostCycle, Work, released_instances, unit_of
+from ernie_deploy.orchestration.fleet import Fleet, FleetOptions, HostRun
+from ernie_deploy.orchestration.results import HostResult, Status
+from ernie_deploy.orchestration.rollout import Report, RolloutOptions, drive
+from ernie_deploy.orchestration.snapshot import Snapshot, SnapshotOptions, release_lock, take
+from ernie_deploy.orchestration.transport import Connector, Progress, RemoteHost
+from ernie_deploy.planning.plan import PlanContext
+from ernie_deploy.planning.plantypes import HostPlan, InstancePlan
+from ernie_deploy.planning.render import environment_for_templates, templates_dir
+from ernie_deploy.remote import converge, lock, releases
+
+
+@dataclass(frozen=True)
+class RestartOptions:
+    mode: str = "restart"  # restart | rollback
+    instance: str | None = None  # one instance: its index, unit name or unit
+    to: str | None = None  # rollback: the release id (default: the one before the current)
+    check: bool = False
+    forks: int = 5
+    lock_wait: float = 0.0
+    known_hosts: tuple[str, ...] = ()
+    command: str = "ernie-deploy restart"
+    cycle: CycleOptions = field(default_factory=CycleOptions)
+    rollout: RolloutOptions = field(default_factory=RolloutOptions)
+
+
+def select(plan: HostPlan, instance: str | None) -> list[InstancePlan]:
+    """The host's instances in scope; --instance K names one by index (1), unit name (ernie-vllm-1) or unit."""
+    if instance is None:
+        return list(plan.instances)
+    wanted = instance.removesuffix(".service")
+    found = [i for i in plan.instances if wanted in (str(i.index), i.unit)]
+    if not found:
+        names = ", ".join(f"{i.index} ({i.unit})" for i in plan.instances)
+        raise DeployError(f"no instance {instance!r} on this host", where=plan.name,
+                          hint=f"--instance takes an index or unit name of the plan: {names}")
+    return found
+
+
+class Restarter:
+    def __init__(self, ctx: PlanContext, connector: Connector, options: RestartOptions,
+                 progress: Progress | None = None, expectations: Expectations | None = None) -> None:
+        self.ctx = ctx
+        self.options = options
+        self.fleet = Fleet(connector, FleetOptions(options.forks, False, options.known_hosts), progress)
+        self.templates = environment_for_templates(templates_dir(None))
+        self.lock = lock.LockInfo.mine(options.command)
+        self.expectations = expectations or Expectations()
+        self.report = Report()
+
+    @property
+    def stopped_by(self) -> int | None:
+        return self.fleet.signal
+
+    def run(self, hosts: Sequence[RemoteHost]) -> list[HostResult]:
+        opts = SnapshotOptions(lock=None if self.options.check else self.lock, lock_wait=self.options.lock_wait)
+        return drive(self.fleet, hosts, self.options.rollout, self._snapshot(opts), self._change, self._down,
+                     release_lock, self.report)
+
+    def _snapshot(self, opts: SnapshotOptions) -> Any:
+        def snapshot(run: HostRun) -> None:
+            snap = take(self.fleet, run, self.ctx, self.templates, opts)
+            if snap is not None:
+                run.data["snapshot"] = snap
+                run.data["scope"] = select(snap.plan, self.options.instance)
+        return snapshot
+
+    def _down(self, run: HostRun) -> list[str]:
+        snap: Snapshot | None = run.data.get("snapshot")
+        if snap is None:
+            return []
+        stable = float(snap.plan.settings["stable_seconds"].value)
+        out = []
+        for inst in run.data["scope"]:
+            problem = converge.serving_problem(unit_of(inst), snap.facts, stable)
+            if problem is not None:
+                out.append(f"{run.host.name} {unit_of(inst)}: {problem}")
+        return out
+
+    def _audit(self, run: HostRun, action: str) -> dict[str, Any]:
+        return {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "user": self.lock.user,
+                "controller": self.lock.controller, "command": self.options.command, "host": run.host.name,
+                "action": action}
+
+    def _work(self, run: HostRun, snap: Snapshot, insts: list[InstancePlan], batch: int) -> Work:
+        facts = snap.facts
+        stable = float(snap.plan.settings["stable_seconds"].value)
+        running = {unit_of(i) for i in insts if facts.units.get(unit_of(i)) is not None
+                   and facts.units[unit_of(i)].active_state in converge.RUNNING}
+        serving = {u for u in running if converge.serving_problem(u, facts, stable) is None}
+        return Work(snap.plan, insts, running, serving, batch=batch)
+
+    def _change(self, run: HostRun, batch: int) -> None:
+        snap: Snapshot | None = run.data.get("snapshot")
+        if snap is None:
+            return
+        if self.options.mode == "rollback":
+            self._rollback(run, snap, batch)
+        else:
+            self._restart(run, snap, batch)
+
+    def _restart(self, run: HostRun, snap: Snapshot, batch: int) -> None:
+        result, scope = run.result, run.data["scope"]
+        units = [unit_of(i) for i in scope]
+        missing = [u for u in units if u not in snap.facts.units]
+        if missing:
+            result.fail(Status.FAILED, f"not deployed: {', '.join(missing)}; nothing was restarted",
+                        "ernie-deploy deploy installs and starts them")
+            return
+        stale = sorted({c.path for c in snap.changes.files
+                        if any(c.path.endswith((f"/{u}", f"/{u.removesuffix('.service')}.env")) for u in units)})
+        if stale:
+            result.fail(Status.FAILED, f"files differ from the plan: {', '.join(stale)}; nothing was restarted",
+                        "a restart would not apply them: roll them out with ernie-deploy deploy --serial 1")
+            return
+        work = self._work(run, snap, scope, batch)
+        work.revertible = False
+        result.restarted = units
+        result.reasons = {u: "restart requested" for u in units}
+        how = "one at a time" if len(units) > 1 and not self.options.cycle.parallel_instances else ""
+        if self.options.check:
+            result.status, result.message = Status.CHANGED, f"would restart {', '.join(units)} {how}".rstrip()
+            return
+        result.status = Status.CHANGED
+        if HostCycle(self.fleet, run, work, self.options.cycle, self.expectations, self.report.timeline,
+                     lambda action: self._audit(run, action)).go():
+            result.message = f"restarted {', '.join(units)}; every instance verified"
+
+    def _rollback(self, run: HostRun, snap: Snapshot, batch: int) -> None:
+        assert run.session is not None
+        result, scope, files = run.result, run.data["scope"], snap.facts.files
+        kept = releases.parse_list(run.session.run(releases.list_command()).text)
+        now = releases.current(kept, files)
+        if self.options.to:
+            target = next((r for r in kept if r.id == self.options.to), None)
+            if target is None:
+                result.fail(Status.FAILED, f"release {self.options.to} is not kept on this host",
+                            "ernie-deploy releases -i INV --limit HOST lists the kept ones: "
+                            + (", ".join(r.id for r in kept) or "none"))
+                return
+        else:
+            target = releases.previous(kept, files)
+            if target is None:
+                result.fail(Status.FAILED, "no earlier release is kept on this host: nothing to roll back to",
+                            "ernie-deploy releases -i INV --limit HOST lists what is kept")
+                return
+        insts = [i for i in scope if releases.has_unit(target, unit_of(i))]
+        units = tuple(unit_of(i) for i in insts)
+        same = all(target.files.get(p) == files.get(p) for p in target.files
+                   if any(p.endswith((f"/{u}", f"/{u.removesuffix('.service')}.env")) for u in units))
+        if not insts or same:
+            result.message = f"already at release {target.id}: nothing to roll back" if insts else \
+                f"release {target.id} has none of the instances in scope"
+            return
+        result.release, result.restarted = target.id, list(units)
+        result.reasons = {u: f"rollback to {target.id}" + (f" (from {now.id})" if now else "") for u in units}
+        result.status = Status.CHANGED
+        if self.options.check:
+            result.message = f"would restore release {target.id} for {', '.join(units)} and restart them"
+            return
+        with self.fleet.step(run, "restore") as step:
+            run.session.run(releases.restore_command(target, units, {**self._audit(run, "rollback"),
+                                                                      "release": target.id}))
+            step.changed, step.evidence = True, [f"release {target.id}"]
+        back = released_instances(run.session, target, snap.plan, insts)
+        work = self._work(run, snap, back, batch)
+        work.activation = converge.Changes(reload=True)
+        work.undo_to, work.revertible = now, now is not None
+        work.whole = [f"{unit_of(i)} moves to GPU(s) {','.join(map(str, i.gpus))}" for i in back
+                      if unit_of(i) in work.running and tuple(snap.facts.unit_gpus.get(unit_of(i), ())) != i.gpus]
+        if HostCycle(self.fleet, run, work, self.options.cycle, self.expectations, self.report.timeline,
+                     lambda action: self._audit(run, action)).go():
+            result.message = f"rolled back to release {target.id}; every instance verified"
