@@ -250,7 +250,7 @@ def test_resume_continues_after_the_done_batches(tmp_path: Path, state_dir: Path
     fakes["b"].active["ernie-vllm-0.service"] = 99  # repaired by hand
     starts = {h: dict(f.starts) for h, f in fakes.items()}
     resumed = RolloutOptions(serial=[1], preflight=True, resume=True, resume_key="k", command="restart")
-    runner, results = restart(fakes, hosts, rollout=resumed)
+    _, results = restart(fakes, hosts, rollout=resumed)
     assert [r.status for r in results] == [Status.OK, Status.CHANGED, Status.CHANGED], [r.message for r in results]
     assert "done in batch 1" in results[0].message
     assert fakes["a"].starts == starts["a"]  # batch 1 was not restarted again

@@ -1,0 +1,269 @@
+"""Rolling restarts, rollouts and rollbacks against the lab's real systemd, sshd and journald (issue 13).
+
+One module fixture deploys the default lab once (simulated loads of 1 s); each scenario leaves every host
+serving its base release again, so they can share it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ernie_deploy.cli.main import main
+from ernie_deploy.lab import Lab, LabState
+from ernie_deploy.lab.access import LAB_MODEL, LAB_VLLM_BIN
+from lab.labhelpers import Units, wait_for
+from lab.loadgen import LoadBalancer, Sampler, healthy, hook
+from lab.test_lab_deploy import clean, start_times
+
+pytestmark = pytest.mark.lab
+
+FAULTS = "/etc/ernie-lab/faults.json"
+QUICK = {"load_seconds": 1}
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def faults(lab: Lab, host: str, data: dict[str, Any]) -> None:
+    lab.ssh(host, f"mkdir -p /etc/ernie-lab && cat > {FAULTS}", input=json.dumps(data))
+
+
+def inventory(state: LabState, tmp: Path, name: str = "inventory.yml", **host_vars: dict[str, Any]) -> Path:
+    data = yaml.safe_load(Path(state.inventory).read_text())
+    for host, extra in host_vars.items():
+        data["all"]["children"]["lab"]["hosts"].setdefault(host, {}).update(extra)
+    path = tmp / name
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, Any]]:
+    capsys.readouterr()
+    rc = main([*argv, "--json", "--startup-budget", "60", "--gpu-release-timeout", "20"])
+    doc = json.loads(capsys.readouterr().out)
+    doc["by_host"] = {h["host"]: h for h in doc["hosts"]}
+    return rc, doc
+
+
+@pytest.fixture(scope="module")
+def fleet(lab: Lab, lab_state: LabState, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Every lab host deployed with its base plan; the inventory's path. Cleaned before and after."""
+    clean(lab, lab_state)
+    for h in lab_state.hosts:
+        faults(lab, h.name, QUICK)
+    os.environ["ERNIE_DEPLOY_STATE_DIR"] = str(tmp_path_factory.mktemp("rollouts"))
+    inv = inventory(lab_state, tmp_path_factory.mktemp("inv"))
+    try:
+        rc = main(["deploy", "-i", str(inv), "--startup-budget", "60"])
+        assert rc == 0
+        yield inv
+    finally:
+        os.environ.pop("ERNIE_DEPLOY_STATE_DIR", None)
+        for h in lab_state.hosts:
+            lab.ssh(h.name, f"rm -f {FAULTS}; pkill -9 -f 'VLLM::EngineCore' || true")
+        clean(lab, lab_state)
+
+
+def batch_done(path: Path) -> bool:
+    try:
+        return json.loads(path.read_text()).get("done") == [0]
+    except ValueError:
+        return False
+
+
+def backends(state: LabState) -> dict[str, list[str]]:
+    return {h.name: [f"{h.address}:8000"] for h in state.hosts}
+
+
+def all_healthy(state: LabState) -> bool:
+    return all(healthy(b) for bs in backends(state).values() for b in bs)
+
+
+def test_rolling_restart_under_load_loses_no_request(capsys: pytest.CaptureFixture[str], lab_state: LabState,
+                                                      fleet: Path, tmp_path: Path) -> None:
+    rotation = tmp_path / "rotation.json"
+    rotation.write_text(json.dumps([b for bs in backends(lab_state).values() for b in bs]))
+    lb = LoadBalancer(rotation, "ERNIE-4.5-0.3B-PT")
+    sampler = Sampler(backends(lab_state))
+    svg = tmp_path / "rollout.svg"
+    lb.start()
+    sampler.start()
+    try:
+        time.sleep(1.0)
+        rc, doc = run(capsys, "restart", "-i", str(fleet), "--serial", "1", "--pre-drain", hook(rotation, "remove"),
+                      "--post-ready", hook(rotation, "add"), "--timeline", str(svg))
+        time.sleep(1.0)
+    finally:
+        outcomes = lb.finish()
+        samples = sampler.finish()
+    assert rc == 0, [(h["host"], h["message"]) for h in doc["hosts"]]
+    assert doc["rollout"]["batches"] == [[h.name] for h in lab_state.hosts]
+    lost = [o for o in outcomes if not o.ok]
+    assert not lost, lost[:5]
+    streams = [o for o in outcomes if o.stream]
+    assert len(outcomes) > 50 and len(streams) > 20
+    # A stream in flight when its instance was taken out of rotation ran to its end.
+    drained = [o for o in streams if any(o.started < t < o.ended and any(o.backend in d for d in down)
+                                         for t, down in samples)]
+    assert all(o.ok for o in drained)
+    assert len(samples) > 100 and sampler.most_hosts_down() == 1
+    for h in doc["hosts"]:
+        timings = h["timings"]["ernie-vllm-0.service"]
+        assert {"drain", "stop", "gpu_release", "load", "ready"} <= set(timings), timings
+    assert svg.read_text().count("<rect") >= 5 * len(lab_state.hosts)
+
+
+def test_new_release_failing_on_the_second_batch_is_rolled_back(capsys: pytest.CaptureFixture[str], lab: Lab,
+                                                                 lab_state: LabState, fleet: Path,
+                                                                 tmp_path: Path) -> None:
+    """vLLM's CUDA OOM hits only the new release (a changed flag) on a10-2: the rollout stops after batch 2, a10-2
+    runs its previous release again (verified), later hosts are untouched; exit 2. Then `rollback` takes a10-1
+    (changed in batch 1) back to its previous unit and env byte for byte."""
+    files = "/etc/systemd/system/ernie-vllm-0.service /etc/ernie-deploy/ernie-vllm-0.env"
+    before = {h: lab.ssh(h, f"cat {files}").stdout for h in ("a10-1", "a10-2")}
+    later = {h: start_times(lab, h) for h in ("a10-4", "a100-2")}
+    faults(lab, "a10-2", {**QUICK, "when": {"max_model_len": 1536}, "fail_startup": "cuda_oom"})
+    changed = {h.name: {"vllm_max_model_len": 1536} for h in lab_state.hosts}
+    inv = inventory(lab_state, tmp_path, **changed)
+    try:
+        rc, doc = run(capsys, "deploy", "-i", str(inv), "--serial", "1")
+    finally:
+        faults(lab, "a10-2", QUICK)
+    hosts = doc["by_host"]
+    assert rc == 2 and doc["exit_code"] == 2
+    assert hosts["a10-1"]["status"] == "changed" and hosts["a10-2"]["status"] == "failed"
+    assert "CUDA out of memory" in hosts["a10-2"]["message"]
+    assert any("rolled back to release" in x and "ready and verified" in x for x in hosts["a10-2"]["rollbacks"])
+    assert [hosts[h]["status"] for h in ("a10-4", "a100-2")] == ["skipped", "skipped"]
+    assert "stopped after batch 2" in doc["rollout"]["stopped"]
+    assert lab.ssh("a10-2", f"cat {files}").stdout == before["a10-2"]
+    assert healthy("127.0.0.12:8000")
+    assert {h: start_times(lab, h) for h in later} == later
+
+    rc, doc = run(capsys, "rollback", "-i", str(inv), "--limit", "a10-1")
+    assert rc == 0, doc["by_host"]["a10-1"]["message"]
+    assert lab.ssh("a10-1", f"cat {files}").stdout == before["a10-1"]
+    assert not [c for c in doc["by_host"]["a10-1"]["checks"] if c["status"] == "fail"]
+    audit = lab.ssh("a10-1", "cat /var/log/ernie-deploy/audit.log").stdout
+    assert '"action": "rollback"' in audit and '"action": "stop"' in audit
+
+
+def test_failing_canary_stops_everything_after_one_host(capsys: pytest.CaptureFixture[str], lab: Lab,
+                                                        lab_state: LabState, fleet: Path, tmp_path: Path) -> None:
+    others = {h.name: start_times(lab, h.name) for h in lab_state.hosts[1:]}
+    faults(lab, "a10-1", {**QUICK, "when": {"max_model_len": 1280}, "fail_startup": "cuda_oom"})
+    inv = inventory(lab_state, tmp_path, **{h.name: {"vllm_max_model_len": 1280} for h in lab_state.hosts})
+    try:
+        rc, doc = run(capsys, "deploy", "-i", str(inv), "--canary", "1", "--serial", "100%")
+    finally:
+        faults(lab, "a10-1", QUICK)
+    assert rc == 2 and doc["rollout"]["batches"][0] == ["a10-1"]
+    assert "first batch (canary)" in doc["rollout"]["stopped"]
+    assert all(doc["by_host"][h]["status"] == "skipped" for h in others)
+    assert {h: start_times(lab, h) for h in others} == others
+    assert healthy("127.0.0.11:8000")
+
+
+def test_failing_pre_drain_hook_stops_before_any_stop(capsys: pytest.CaptureFixture[str], lab: Lab,
+                                                      lab_state: LabState, fleet: Path) -> None:
+    times = {h.name: start_times(lab, h.name) for h in lab_state.hosts}
+    rc, doc = run(capsys, "restart", "-i", str(fleet), "--pre-drain", "echo 'balancer said no' >&2; exit 1")
+    assert rc == 2 and "pre-drain hook exited 1" in doc["by_host"]["a10-1"]["message"]
+    assert doc["by_host"]["a10-1"]["evidence"][0] == "balancer said no"
+    assert {h.name: start_times(lab, h.name) for h in lab_state.hosts} == times
+
+
+def test_rollout_refuses_to_start_on_top_of_an_outage_unless_forced(capsys: pytest.CaptureFixture[str], lab: Lab,
+                                                                    lab_state: LabState, fleet: Path) -> None:
+    lab.ssh("a10-4", "systemctl stop ernie-vllm-0.service")
+    times = start_times(lab, "a10-1")
+    rc, doc = run(capsys, "restart", "-i", str(fleet))
+    assert rc == 2 and doc["rollout"]["refused"] == ["a10-4 ernie-vllm-0.service: not running (inactive/dead)"]
+    assert "already down: a10-4 ernie-vllm-0.service" in doc["by_host"]["a10-4"]["message"]
+    assert start_times(lab, "a10-1") == times
+    rc, doc = run(capsys, "restart", "-i", str(fleet), "--limit", "a10-4", "--force")
+    assert rc == 0 and healthy("127.0.0.13:8000"), doc["by_host"]["a10-4"]["message"]
+
+
+def test_process_holding_the_gpu_makes_the_restart_wait_then_fail_naming_it(capsys: pytest.CaptureFixture[str],
+                                                                             lab: Lab, units: Units,
+                                                                             fleet: Path) -> None:
+    """A leaked vLLM process outside the instance's unit (vllm #55510: it survives its API server and keeps the
+    GPU) still holds GPU 0 after the stop: the gate waits, then fails naming it, and nothing is started on it."""
+    units.start("a10-1", "leaked", f"{LAB_VLLM_BIN} serve {LAB_MODEL} --host 127.0.0.11 --port 8100 "
+                "--gpu-memory-utilization 0.05 --max-model-len 1024", env={"VLLM_SIM_LOAD_SECONDS": "0.5"})
+    assert wait_for(lambda: "Application startup complete." in units.journal("a10-1", "leaked"), timeout=30)
+    pids = set(lab.ssh("a10-1", "cat /sys/fs/cgroup$(systemctl show -p ControlGroup --value leaked.service)"
+                                "/cgroup.procs").stdout.split())
+    capsys.readouterr()
+    t0 = time.monotonic()
+    rc = main(["restart", "-i", str(fleet), "--limit", "a10-1", "--json", "--gpu-release-timeout", "3"])
+    waited = time.monotonic() - t0
+    (host,) = json.loads(capsys.readouterr().out)["hosts"]
+    holder = host["message"].split("held by PID ")[1].split(" ")[0] if "held by PID " in host["message"] else ""
+    assert rc == 2 and holder in pids and "nothing was started" in host["message"], host["message"]
+    assert f"kill {holder}" in host["hint"] and waited >= 3
+    assert units.state("a10-1", "ernie-vllm-0") == "inactive"
+    units.cleanup()
+    rc, doc = run(capsys, "deploy", "-i", str(fleet), "--limit", "a10-1")
+    assert rc == 0 and healthy("127.0.0.11:8000"), doc["by_host"]["a10-1"]["message"]
+
+
+def test_ctrl_c_after_the_first_batch_then_resume(lab: Lab, lab_state: LabState, fleet: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    state_dir = Path(env["ERNIE_DEPLOY_STATE_DIR"])
+    before = {h.name: start_times(lab, h.name) for h in lab_state.hosts}
+    argv = [sys.executable, "-m", "ernie_deploy", "restart", "-i", str(fleet), "--serial", "1", "--json"]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_for(lambda: any(batch_done(p) for p in state_dir.glob("*.json")), 60, interval=0.05)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130
+    first = json.loads(out)["hosts"][0]
+    assert first["host"] == "a10-1" and first["status"] == "changed"
+    done_first = start_times(lab, "a10-1")
+    assert done_first != before["a10-1"]
+    assert wait_for(lambda: all_healthy(lab_state), 60)
+    resumed = subprocess.run([*argv, "--resume"], env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    doc = json.loads(resumed.stdout)
+    assert doc["rollout"]["resumed"] and "done in batch 1" in doc["hosts"][0]["message"]
+    assert start_times(lab, "a10-1") == done_first  # batch 1 not restarted again
+    after = {h.name: start_times(lab, h.name) for h in lab_state.hosts[1:]}
+    assert all(after[h] != before[h] for h in after)
+    assert not list(state_dir.glob("*.json"))
+
+
+def test_two_replicas_on_one_host_are_never_down_together(capsys: pytest.CaptureFixture[str], lab_state: LabState,
+                                                          fleet: Path, tmp_path: Path) -> None:
+    two = {"vllm_instances": 2, "vllm_tensor_parallel_size": 1}
+    rc, doc = run(capsys, "deploy", "-i", str(inventory(lab_state, tmp_path, "two.yml", **{"a10-2": two})),
+                  "--limit", "a10-2")
+    assert rc == 0, doc["by_host"]["a10-2"]["message"]
+    assert "as a whole" in doc["by_host"]["a10-2"]["message"]  # TP 2 → 2 × TP 1 moves GPUs
+    sampler = Sampler({"a": ["127.0.0.12:8000"], "b": ["127.0.0.12:8001"]})
+    sampler.start()
+    try:
+        changed = inventory(lab_state, tmp_path, "two-changed.yml", **{"a10-2": {**two, "vllm_max_model_len": 1536}})
+        rc, doc = run(capsys, "deploy", "-i", str(changed), "--limit", "a10-2")
+    finally:
+        samples = sampler.finish()
+    assert rc == 0, doc["by_host"]["a10-2"]["message"]
+    assert "one at a time" in doc["by_host"]["a10-2"]["message"]
+    assert any(down for _, down in samples)  # each was down for a while...
+    assert sampler.most_hosts_down() == 1  # ...but never both at once
+    rc, doc = run(capsys, "deploy", "-i", str(fleet), "--limit", "a10-2", "--prune")
+    assert rc == 0, doc["by_host"]["a10-2"]["message"]
