@@ -165,6 +165,8 @@ def _day2_options(p: argparse.ArgumentParser) -> None:
                    help="seconds a started instance may take to become ready (default: each host's "
                         "vllm_startup_budget)")
     p.add_argument("--playbook", type=Path, metavar="FILE", help="extra checks run after each start")
+    p.add_argument("--templates", type=Path, metavar="DIR",
+                   help="the templates deploy used (as for deploy), to compare the hosts' files with the plan")
     p.add_argument("--json", action="store_true", help=f"machine-readable results (schema {RESULTS_SCHEMA})")
 
 
@@ -201,10 +203,10 @@ def _finish(args: argparse.Namespace, name: str, results: list[HostResult], stop
 def _restart(args: argparse.Namespace, mode: str) -> int:
     _, ctx, hosts = _targets(args)
     command = f"ernie-deploy {mode}" + (" --check" if args.check else "")
+    cycle = dataclasses.replace(rollout.cycle_options(args, mode), health_timeout=args.health_timeout)
     options = RestartOptions(mode=mode, instance=args.instance, to=getattr(args, "to", None), check=args.check,
                              forks=args.forks, lock_wait=args.lock_wait, known_hosts=tuple(args.known_hosts),
-                             command=command, cycle=dataclasses.replace(rollout.cycle_options(args, mode),
-                                                                        health_timeout=args.health_timeout),
+                             command=command, templates=args.templates, cycle=cycle,
                              rollout=rollout.rollout_options(args, mode, preflight=True))
     exp = load_playbook(args.playbook) if args.playbook else Expectations()
     restarter = Restarter(ctx, _connector(args), options, expectations=exp)

@@ -233,5 +233,6 @@ class _StepTimer:
 
     def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
         self.step.seconds = time.monotonic() - self.started
+        self.step.ended_at = time.time()
         if kind is not None:
             self.step.status = "failed"

@@ -11,8 +11,9 @@ through the restart cycle (cycle.py).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ernie_deploy.checks.playbook import Expectations
@@ -39,6 +40,7 @@ class RestartOptions:
     lock_wait: float = 0.0
     known_hosts: tuple[str, ...] = ()
     command: str = "ernie-deploy restart"
+    templates: Path | None = None  # the templates deploy used: a restart compares the host's files with them
     cycle: CycleOptions = field(default_factory=CycleOptions)
     rollout: RolloutOptions = field(default_factory=RolloutOptions)
 
@@ -62,7 +64,7 @@ class Restarter:
         self.ctx = ctx
         self.options = options
         self.fleet = Fleet(connector, FleetOptions(options.forks, False, options.known_hosts), progress)
-        self.templates = environment_for_templates(templates_dir(None))
+        self.templates = environment_for_templates(templates_dir(options.templates))
         self.lock = lock.LockInfo.mine(options.command)
         self.expectations = expectations or Expectations()
         self.report = Report()
@@ -76,7 +78,7 @@ class Restarter:
         return drive(self.fleet, hosts, self.options.rollout, self._snapshot(opts), self._change, self._down,
                      release_lock, self.report)
 
-    def _snapshot(self, opts: SnapshotOptions) -> Any:
+    def _snapshot(self, opts: SnapshotOptions) -> Callable[[HostRun], None]:
         def snapshot(run: HostRun) -> None:
             snap = take(self.fleet, run, self.ctx, self.templates, opts)
             if snap is not None:

@@ -31,6 +31,7 @@ class Step:
     seconds: float = 0.0
     evidence: list[str] = field(default_factory=list)
     changed: bool = False
+    ended_at: float = 0.0  # wall clock (epoch seconds) when it ended, to line up with the host's journal
 
 
 @dataclass

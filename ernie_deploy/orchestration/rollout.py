@@ -87,6 +87,8 @@ def drive(fleet: Fleet, hosts: Sequence[RemoteHost], opts: RolloutOptions, snaps
             unreachable = sum(r.result.status is Status.UNREACHABLE for r in todo)
             if fleet.interrupted:
                 report.stopped = f"the rollout was interrupted in batch {k + 1}"
+            elif k == len(report.batches) - 1:
+                report.done.append(k)  # the last batch: nothing left that a stop would protect
             elif failed + unreachable and (k == first or batch_stops(failed, unreachable, len(todo),
                                                                        opts.max_fail_percentage)):
                 what = "the first batch (canary)" if k == first and len(report.batches) > 1 else f"batch {k + 1}"
@@ -126,7 +128,7 @@ def _state(opts: RolloutOptions, names: list[str]) -> resume.RolloutState | None
 def _keep(opts: RolloutOptions, report: Report) -> None:
     if opts.resume_key is None:
         return
-    if len(report.done) == len(report.batches):
+    if len(report.done) == len(report.batches) or len(report.batches) == 1:  # one batch: nothing to resume
         resume.clear(opts.resume_key)
     else:
         resume.save(resume.RolloutState(opts.resume_key, opts.command, report.batches, sorted(report.done),

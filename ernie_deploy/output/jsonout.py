@@ -9,13 +9,13 @@ from ernie_deploy.orchestration.results import HostResult, Step
 
 # v2: each host carries its steps, the release a change recorded, leftover units and drop-ins.
 # v3: rollouts: each host's batch, per-instance phase timings and rollback actions; the document's "rollout"
-# (batches, done, stopped, refused, resumed).
+# (batches, done, stopped, refused, resumed); each step's ended_at (epoch seconds).
 RESULTS_SCHEMA = "ernie-deploy/deploy/v3"
 
 
 def step_json(s: Step) -> dict[str, Any]:
     return {"name": s.name, "status": s.status, "seconds": round(s.seconds, 3), "evidence": s.evidence,
-            "changed": s.changed}
+            "changed": s.changed, "ended_at": round(s.ended_at, 3)}
 
 
 def host_json(r: HostResult) -> dict[str, Any]:

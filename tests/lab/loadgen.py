@@ -84,33 +84,9 @@ class LoadBalancer:
             n += 1
             stream = (n + k) % 2 == 0
             t0 = time.monotonic()
-            ok, detail = self._request(backend, stream)
+            ok, detail = complete(backend, self.model, stream, 120 if stream else 24)
             with self._lock:
                 self.outcomes.append(Outcome(backend, stream, ok, detail, t0, time.monotonic()))
-
-    def _request(self, backend: str, stream: bool) -> tuple[bool, str]:
-        host, port = backend.rsplit(":", 1)
-        body = {"model": self.model, "prompt": "Tell me about the sea", "max_tokens": 120 if stream else 24,
-                "temperature": 0, "stream": stream, "ignore_eos": True}
-        conn = http.client.HTTPConnection(host, int(port), timeout=30)
-        try:
-            conn.request("POST", "/v1/completions", json.dumps(body), {"content-type": "application/json"})
-            resp = conn.getresponse()
-            data = resp.read().decode(errors="replace")
-        except OSError as exc:
-            return False, f"{type(exc).__name__}: {exc}"
-        finally:
-            conn.close()
-        if resp.status != 200:
-            return False, f"HTTP {resp.status}: {data[:200]}"
-        if not stream:
-            return ("choices" in data, data[:200])
-        events = [line[6:] for line in data.splitlines() if line.startswith("data: ")]
-        finished = any('"finish_reason": "' in e for e in events[:-1])
-        errored = any('"error"' in e for e in events)
-        return (bool(events) and events[-1] == "[DONE]" and finished and not errored,
-                f"{len(events)} events, finished={finished}, error={errored}")
-
 
 @dataclass
 class Sampler:
@@ -150,6 +126,33 @@ class Sampler:
 
     def most_hosts_down(self) -> int:
         return max((len({d.split(" ")[0] for d in down}) for _, down in self.samples), default=0)
+
+
+def complete(backend: str, model: str, stream: bool, max_tokens: int) -> tuple[bool, str]:
+    """One completion: (whether it ended properly, a detail). A stream ended properly when a choice got its
+    finish_reason, no error event came and the last event is [DONE] (vLLM sends an error event and [DONE]
+    when the engine dies mid-stream)."""
+    host, port = backend.rsplit(":", 1)
+    body = {"model": model, "prompt": "Tell me about the sea", "max_tokens": max_tokens, "temperature": 0,
+            "stream": stream, "ignore_eos": True}
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn.request("POST", "/v1/completions", json.dumps(body), {"content-type": "application/json"})
+        resp = conn.getresponse()
+        data = resp.read().decode(errors="replace")
+    except OSError as exc:
+        return False, f"{type(exc).__name__}: {exc}"
+    finally:
+        conn.close()
+    if resp.status != 200:
+        return False, f"HTTP {resp.status}: {data[:200]}"
+    if not stream:
+        return ("choices" in data, data[:200])
+    events = [line[6:] for line in data.splitlines() if line.startswith("data: ")]
+    finished = any('"finish_reason": "' in e for e in events[:-1])
+    errored = any('"error"' in e for e in events)
+    return (bool(events) and events[-1] == "[DONE]" and finished and not errored,
+            f"{len(events)} events, finished={finished}, error={errored}")
 
 
 def healthy(backend: str) -> bool:

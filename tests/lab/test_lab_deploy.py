@@ -474,7 +474,7 @@ def test_crash_loop_is_not_running_and_its_verdict_clears(capsys: pytest.Capture
     try:
         faults(lab, "a10-2", {"fail_startup": "traceback"})
         first = write_inventory(deployed, tmp_path, **{"a10-2": {**host, "vllm_max_model_len": 1152}})
-        rc, hosts = deploy(capsys, first, "--limit", "a10-2")
+        rc, hosts = deploy(capsys, first, "--limit", "a10-2", "--no-rollback")  # the failed state is under test
         assert rc == 2 and hosts["a10-2"]["status"] == "failed", hosts
         faults(lab, "a10-2", None)
         rc, hosts = deploy(capsys, first, "--limit", "a10-2")
@@ -484,7 +484,7 @@ def test_crash_loop_is_not_running_and_its_verdict_clears(capsys: pytest.Capture
         # Again, but this time systemd's own restarts heal it: no deploy in between.
         faults(lab, "a10-2", {"fail_startup": "traceback"})
         inv = write_inventory(deployed, tmp_path, **{"a10-2": {**host, "vllm_max_model_len": 1280}})
-        rc, hosts = deploy(capsys, inv, "--limit", "a10-2")
+        rc, hosts = deploy(capsys, inv, "--limit", "a10-2", "--no-rollback")
         assert rc == 2
         assert wait_for(lambda: int(unit_show(lab, "a10-2", "NRestarts")["NRestarts"] or 0) >= 2, timeout=40)
         faults(lab, "a10-2", None)
@@ -512,6 +512,10 @@ def test_death_inside_the_stability_window_fails_the_deploy(capsys: pytest.Captu
         assert rc == 2 and hosts["a10-2"]["status"] == "failed", hosts
         assert "503" in hosts["a10-2"]["message"] or "died" in hosts["a10-2"]["message"] \
             or "Engine" in hosts["a10-2"]["message"], hosts["a10-2"]["message"]
+        # A first deploy has nothing to go back to: stopped and disabled instead of crash-looping.
+        assert "stopped and disabled" in hosts["a10-2"]["rollbacks"][0], hosts["a10-2"]["rollbacks"]
+        state = unit_show(lab, "a10-2", "ActiveState", "UnitFileState")
+        assert (state["ActiveState"], state["UnitFileState"]) == ("inactive", "disabled"), state
     finally:
         faults(lab, "a10-2", None)
         lab.ssh("a10-2", CLEAN)

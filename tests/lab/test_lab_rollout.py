@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,9 +22,8 @@ import yaml
 
 from ernie_deploy.cli.main import main
 from ernie_deploy.lab import Lab, LabState
-from ernie_deploy.lab.access import LAB_MODEL, LAB_VLLM_BIN
 from lab.labhelpers import Units, wait_for
-from lab.loadgen import LoadBalancer, Sampler, healthy, hook
+from lab.loadgen import LoadBalancer, Sampler, complete, healthy, hook
 from lab.test_lab_deploy import clean, start_times
 
 pytestmark = pytest.mark.lab
@@ -69,8 +69,22 @@ def fleet(lab: Lab, lab_state: LabState, tmp_path_factory: pytest.TempPathFactor
     finally:
         os.environ.pop("ERNIE_DEPLOY_STATE_DIR", None)
         for h in lab_state.hosts:
-            lab.ssh(h.name, f"rm -f {FAULTS}; pkill -9 -f 'VLLM::EngineCore' || true")
+            lab.ssh(h.name, f"rm -f {FAULTS}")
         clean(lab, lab_state)
+
+
+# A process that registers 20000 MiB on GPU 0 with the simulated nvidia-smi and holds it, named like vLLM's
+# EngineCore, until its registry entry is removed (or it is killed): the simulator's own orphan holder.
+LEAK = "/usr/local/bin/leak-gpu.py"
+LEAK_PROGRAM = """import os, sys
+sys.path.insert(0, "/opt/ernie-lab/lib")
+from ernie_lab_sim import simstate, vllm_sim
+gpu = simstate.load_host_gpus().gpus[0]
+key = "orphan-%d" % os.getpid()
+proc = simstate.GpuProc(os.getpid(), gpu.uuid, 20000, 0, "VLLM::EngineCore")
+simstate.write_entry(simstate.UsageEntry(key, 0, [proc]))
+vllm_sim._holder_main("EngineCore", 0, key)
+"""
 
 
 def batch_done(path: Path) -> bool:
@@ -197,20 +211,20 @@ def test_rollout_refuses_to_start_on_top_of_an_outage_unless_forced(capsys: pyte
 def test_process_holding_the_gpu_makes_the_restart_wait_then_fail_naming_it(capsys: pytest.CaptureFixture[str],
                                                                              lab: Lab, units: Units,
                                                                              fleet: Path) -> None:
-    """A leaked vLLM process outside the instance's unit (vllm #55510: it survives its API server and keeps the
-    GPU) still holds GPU 0 after the stop: the gate waits, then fails naming it, and nothing is started on it."""
-    units.start("a10-1", "leaked", f"{LAB_VLLM_BIN} serve {LAB_MODEL} --host 127.0.0.11 --port 8100 "
-                "--gpu-memory-utilization 0.05 --max-model-len 1024", env={"VLLM_SIM_LOAD_SECONDS": "0.5"})
-    assert wait_for(lambda: "Application startup complete." in units.journal("a10-1", "leaked"), timeout=30)
-    pids = set(lab.ssh("a10-1", "cat /sys/fs/cgroup$(systemctl show -p ControlGroup --value leaked.service)"
-                                "/cgroup.procs").stdout.split())
+    """A leaked vLLM EngineCore outside the instance's unit (vllm #55510: it survives its API server and keeps
+    the GPU memory) still holds GPU 0 after the stop: the gate waits, then fails naming it, nothing starts."""
+    lab.ssh("a10-1", f"cat > {LEAK}", input=LEAK_PROGRAM)
+    units.start("a10-1", "leaked", f"/usr/bin/python3 {LEAK}", extra="KillSignal=SIGKILL\n")
+    assert wait_for(lambda: "VLLM::EngineCor" in lab.ssh("a10-1", "ps -e -o comm=").stdout, timeout=20)
+    pids = {lab.ssh("a10-1", "systemctl show -p MainPID --value leaked.service").stdout.strip()}
     capsys.readouterr()
     t0 = time.monotonic()
     rc = main(["restart", "-i", str(fleet), "--limit", "a10-1", "--json", "--gpu-release-timeout", "3"])
     waited = time.monotonic() - t0
     (host,) = json.loads(capsys.readouterr().out)["hosts"]
     holder = host["message"].split("held by PID ")[1].split(" ")[0] if "held by PID " in host["message"] else ""
-    assert rc == 2 and holder in pids and "nothing was started" in host["message"], host["message"]
+    assert rc == 2 and holder in pids and "(VLLM::EngineCor)" in host["message"], host["message"]
+    assert "nothing was started" in host["message"]
     assert f"kill {holder}" in host["hint"] and waited >= 3
     assert units.state("a10-1", "ernie-vllm-0") == "inactive"
     units.cleanup()
@@ -266,4 +280,25 @@ def test_two_replicas_on_one_host_are_never_down_together(capsys: pytest.Capture
     assert any(down for _, down in samples)  # each was down for a while...
     assert sampler.most_hosts_down() == 1  # ...but never both at once
     rc, doc = run(capsys, "deploy", "-i", str(fleet), "--limit", "a10-2", "--prune")
+    assert rc == 0, doc["by_host"]["a10-2"]["message"]
+
+
+def test_rendered_tp2_unit_lets_an_in_flight_stream_finish_on_stop(capsys: pytest.CaptureFixture[str], lab: Lab,
+                                                                   fleet: Path) -> None:
+    """The rendered unit (KillMode=mixed, --shutdown-timeout from vllm_drain_timeout): `systemctl stop` of a TP-2
+    instance while a stream runs lets the stream finish (under KillMode=control-group its workers would die
+    first: tests/lab/test_lab_vllm.py shows the stream cut there)."""
+    assert "KillMode=mixed" in lab.ssh("a10-2", "cat /etc/systemd/system/ernie-vllm-0.service").stdout
+    result: dict[str, tuple[bool, str]] = {}
+    reader = threading.Thread(target=lambda: result.setdefault(
+        "stream", complete("127.0.0.12:8000", "ERNIE-4.5-0.3B-PT", True, 400)))
+    reader.start()
+    time.sleep(0.5)
+    lab.ssh("a10-2", "systemctl stop ernie-vllm-0.service")
+    reader.join(timeout=60)
+    ok, detail = result["stream"]
+    assert ok, detail
+    journal = lab.ssh("a10-2", "journalctl -u ernie-vllm-0 -o cat --no-pager -n 30").stdout
+    assert "died unexpectedly" not in journal
+    rc, doc = run(capsys, "deploy", "-i", str(fleet), "--limit", "a10-2")
     assert rc == 0, doc["by_host"]["a10-2"]["message"]
