@@ -293,3 +293,46 @@ def test_unknown_instance_is_a_clear_error(tmp_path: Path) -> None:
     deploy(fakes, hosts_of(tmp_path, {"a": {}}))
     _, (r,) = restart(fakes, hosts_of(tmp_path, {"a": {}}), instance="7")
     assert r.status is Status.FAILED and "no instance '7'" in r.message and r.hint and "0 (ernie-vllm-0)" in r.hint
+
+
+def test_releases_lists_what_is_kept_and_marks_the_current_one(tmp_path: Path) -> None:
+    from ernie_deploy.orchestration.fleet import Fleet, FleetOptions
+    from ernie_deploy.orchestration.hosts import list_releases
+
+    fakes = {"a": FakeHost()}
+    hosts = hosts_of(tmp_path, {"a": {}})
+    deploy(fakes, hosts)
+    deploy(fakes, hosts_of(tmp_path, {"a": {"vllm_max_model_len": 2048}}))
+    ((result, kept, now),) = list_releases(Fleet(connector(fakes), FleetOptions()), PlanContext.load(), hosts)
+    assert [r.id for r in kept] == [str(r["id"]) for r in fakes["a"].releases] and len(kept) == 2
+    assert now == kept[-1].id and kept[-1].changed and not result.finished
+
+
+def test_timeline_has_a_row_per_instance_with_its_phases(tmp_path: Path) -> None:
+    fakes = {"a": FakeHost(), "b": FakeHost()}
+    hosts = hosts_of(tmp_path, {"a": TWO, "b": {}})
+    deploy(fakes, hosts)
+    runner, _ = restart(fakes, hosts)
+    timeline = runner.report.timeline
+    assert timeline.rows == ["a ernie-vllm-0.service", "a ernie-vllm-1.service", "b ernie-vllm-0.service"]
+    phases = [s.phase for s in timeline.spans if s.row == "a ernie-vllm-0.service"]
+    assert phases == ["drain", "stop", "gpu-release", "load", "ready"]
+    assert [m.label for m in timeline.marks if m.kind == "batch"] == ["batch 1", "batch 2"]
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--serial", "33.3%"], "33.3%"),
+    (["--serial", "-1"], "-1"),
+    (["--max-fail-percentage", "150"], "150"),
+    (["--canary", "-2"], "--canary"),
+    (["--timeline", "out.png"], ".svg or .html"),
+    (["--check", "--resume"], "--resume cannot be combined with --check"),
+])
+def test_bad_rollout_options_exit_5_before_touching_a_host(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                            args: list[str], words: str) -> None:
+    from ernie_deploy.cli.main import main
+
+    hosts_of(tmp_path, {"a": {"ansible_port": 1}})  # never contacted: the options fail first
+    rc = main(["restart", "-i", str(tmp_path / "inv.yml"), *args])
+    err = capsys.readouterr().err
+    assert rc == ExitCode.INPUT and words in err, err

@@ -68,8 +68,11 @@ def _connector(args: argparse.Namespace) -> Connector:
 def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
     p = sub.add_parser("deploy", help="converge hosts to the plan over SSH (units, env files, restarts)",
                        description="Plan each host from its real facts, upload only changed files atomically, "
-                                   "daemon-reload once, restart only the instances whose unit or env changed, "
-                                   "and wait for /health. Exit codes: 0 ok, 2 a host failed, 4 a host "
+                                   "daemon-reload once, and restart only the instances whose unit or env "
+                                   "changed, one at a time per host (drain, stop, wait for its GPUs, start, "
+                                   "verify). A failed instance gets the release that ran before it back "
+                                   "(--no-rollback keeps it failed). --serial rolls the change out batch by "
+                                   "batch like `restart`. Exit codes: 0 ok, 2 a host failed, 4 a host "
                                    "unreachable, 6 a host's deploy lock is held, 5 bad input.")
     common(p)
     _ssh_options(p)
