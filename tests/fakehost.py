@@ -77,8 +77,8 @@ class FakeHost:
     release_files: dict[str, dict[str, str]] = field(default_factory=dict)  # release id → path → content
     orphan: int | None = None  # a PID holding GPU 0 after every stop (the GPU release gate must wait for it)
     in_flight: list[int] = field(default_factory=list)  # /metrics answers in turn (running + waiting); then 0
-    fail_start: str | None = None  # a unit whose starts fail at once with a fatal start-up line (when its
-    #                                file contains this text, e.g. a changed flag)
+    fail_start: str | None = None  # starts fail at once with a fatal start-up line when the unit file
+    #                                contains this text (or each part of "A && B"), e.g. a changed flag
     log: list[str] = field(default_factory=list)  # what happened, in order: "stop U", "start U", "undo ..."
 
     def facts_text(self) -> str:
@@ -135,7 +135,8 @@ class FakeHost:
         return "".join(f"{MARK}started {u} run-{self.active[u]} 0\n" for u in cmd.units)
 
     def failing(self, u: str) -> bool:
-        return self.fail_start is not None and self.fail_start in self.files.get(f"/etc/systemd/system/{u}", "")
+        text = self.files.get(f"/etc/systemd/system/{u}", "")
+        return self.fail_start is not None and all(part in text for part in self.fail_start.split(" && "))
 
     def stop(self, cmd: Command) -> str:
         (u,) = cmd.units

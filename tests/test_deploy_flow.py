@@ -181,7 +181,8 @@ def test_ctrl_c_prints_every_host_and_releases_every_lock(tmp_path: Path) -> Non
     results = run.run(inventory(tmp_path, {"a": {}, "b": {}, "c": {}}))
     assert run.stopped_by == signal.SIGINT and exit_code(results, run.stopped_by) == ExitCode.INTERRUPTED
     assert [r.host for r in results] == ["a", "b", "c"]
-    assert results[0].status is Status.FAILED and "aborted" in results[0].message
+    assert results[0].status is Status.FAILED and "interrupted" in results[0].message
+    assert "not verified" in results[0].message and not results[0].rollbacks  # an interrupt is not a failed start
     assert {r.status for r in results[1:]} <= {Status.SKIPPED, Status.CHANGED}
     assert all(f.lock_info is None for f in fakes.values())
 

@@ -336,3 +336,63 @@ def test_bad_rollout_options_exit_5_before_touching_a_host(tmp_path: Path, capsy
     rc = main(["restart", "-i", str(tmp_path / "inv.yml"), *args])
     err = capsys.readouterr().err
     assert rc == ExitCode.INPUT and words in err, err
+
+
+def test_units_of_one_host_on_different_releases_each_go_back_to_their_own(tmp_path: Path) -> None:
+    """After instance 1 alone was rolled back, no release matches the host as a whole; a later failure must
+    still restore each unit to what it ran, never disable a unit that was serving."""
+    fakes = {"a": FakeHost()}
+    deploy(fakes, hosts_of(tmp_path, {"a": TWO}))  # release A
+    a_files = dict(fakes["a"].files)
+    fakes["a"].fail_start = "--port 8001 && 2048"  # B fails on instance 1 only
+    (r,) = deploy(fakes, hosts_of(tmp_path, {"a": {**TWO, "vllm_max_model_len": 2048}}))
+    assert r.status is Status.FAILED and "rolled back to release" in r.rollbacks[0]
+    b_unit0 = fakes["a"].files["/etc/systemd/system/ernie-vllm-0.service"]
+    assert "2048" in b_unit0 and fakes["a"].files["/etc/systemd/system/ernie-vllm-1.service"] == \
+        a_files["/etc/systemd/system/ernie-vllm-1.service"]
+    fakes["a"].fail_start = "--port 8000 && 3072"  # C fails on instance 0, before instance 1 is reached
+    (r,) = deploy(fakes, hosts_of(tmp_path, {"a": {**TWO, "vllm_max_model_len": 3072}}))
+    assert r.status is Status.FAILED
+    assert "ready and verified" in r.rollbacks[0] and not any("disabled" in x for x in r.rollbacks), r.rollbacks
+    assert fakes["a"].files["/etc/systemd/system/ernie-vllm-0.service"] == b_unit0  # back to B
+    assert fakes["a"].files["/etc/systemd/system/ernie-vllm-1.service"] == \
+        a_files["/etc/systemd/system/ernie-vllm-1.service"]  # never reached: A's files again, not C's
+    assert not fakes["a"].pending and set(fakes["a"].active) == {"ernie-vllm-0.service", "ernie-vllm-1.service"}
+    # "The one before" is not defined for such a host: rollback wants --to.
+    _, (r,) = restart(fakes, hosts_of(tmp_path, {"a": TWO}), mode="rollback")
+    assert r.status is Status.FAILED and "--to" in (r.hint or "")
+
+
+def test_stage_never_prunes_a_release_a_unit_runs() -> None:
+    from ernie_deploy.remote import converge
+
+    cmd = converge.stage_command([], converge.Changes(), {}, {"id": "20261203T000000.000Z-new"}, 1,
+                                 protect=("20261101T000000.000Z-old",))
+    prune = next(line for line in cmd.script.splitlines() if "head -n -1" in line)
+    assert "-e 20261101T000000.000Z-old" in prune and "-e 20261203T000000.000Z-new" in prune
+
+
+def test_any_errors_fatal_stops_the_rollout_and_nothing_counts_as_done(tmp_path: Path) -> None:
+    fakes = {h: FakeHost() for h in "abc"}
+    hosts = hosts_of(tmp_path, {h: {} for h in "abc"})
+    deploy(fakes, hosts)
+    fakes["a"].fail_start = "2048"
+    opts = Options(**FAST, any_errors_fatal=True, cycle=cycle(),  # type: ignore[arg-type]
+                   rollout=RolloutOptions(serial=[1], preflight=True, resume_key="fatal"))
+    runner = Runner(PlanContext.load(), connector(fakes), opts)
+    results = runner.run(hosts_of(tmp_path, {h: {"vllm_max_model_len": 2048} for h in "abc"}))
+    assert [r.status for r in results] == [Status.FAILED, Status.SKIPPED, Status.SKIPPED]
+    assert runner.report.stopped and runner.report.done == []
+
+
+def test_a_partly_failed_batch_is_not_done_so_resume_retries_it(tmp_path: Path, state_dir: Path) -> None:
+    fakes = {h: FakeHost() for h in "abcd"}
+    hosts = hosts_of(tmp_path, {h: {} for h in "abcd"})
+    deploy(fakes, hosts)
+    fakes["c"].fail_start = "vllm"
+    rollout = RolloutOptions(serial=[2], preflight=True, max_fail_percentage=60, resume_key="k", command="restart")
+    runner, results = restart(fakes, hosts, rollout=rollout)
+    assert [r.status for r in results] == [Status.CHANGED, Status.CHANGED, Status.FAILED, Status.CHANGED]
+    # Batch 1 (a, b) done; batch 2 (c, d): 1 of 2 failed, not over 60 %: not stopped, but not done either.
+    assert not runner.report.stopped and runner.report.done == [0]
+    assert json.loads((state_dir / "k.json").read_text())["done"] == [0]

@@ -42,12 +42,16 @@ class Release:
 def judge(gpus: Sequence[int], rows: Sequence[GpuRow], apps: Sequence[ComputeApp], names: Mapping[int, str],
           baseline: Mapping[int, float], sharing: Collection[int] = ()) -> Release:
     """Free when no compute process other than `sharing` (processes of other running instances that share these
-    GPUs) runs on any of `gpus`, and each GPU with a recorded baseline is back within the margin of it (a GPU
-    without one, from an instance started before baselines were kept, is judged by its processes only)."""
+    GPUs) runs on any of `gpus`, and each GPU with a recorded baseline is back within the margin of it, not
+    counting what `sharing` holds (a GPU without one, from an instance started before baselines were kept, is
+    judged by its processes only)."""
     by_uuid = {r.uuid: r.index for r in rows}
     wanted = set(gpus)
     holders = tuple(Holder(a.pid, by_uuid[a.gpu_uuid], names.get(a.pid, ""), a.used_memory_mib)
                     for a in apps if by_uuid.get(a.gpu_uuid) in wanted and a.pid not in sharing)
-    high = tuple((r.index, r.memory_used_mib, baseline[r.index] + MARGIN_MIB) for r in rows
-                 if r.index in wanted and r.index in baseline and r.memory_used_mib > baseline[r.index] + MARGIN_MIB)
+    shared = {g: sum(a.used_memory_mib or 0.0 for a in apps if a.pid in sharing and by_uuid.get(a.gpu_uuid) == g)
+              for g in wanted}
+    high = tuple((r.index, r.memory_used_mib - shared[r.index], baseline[r.index] + MARGIN_MIB) for r in rows
+                 if r.index in wanted and r.index in baseline
+                 and r.memory_used_mib - shared[r.index] > baseline[r.index] + MARGIN_MIB)
     return Release(not holders and not high, holders, high)

@@ -21,6 +21,7 @@ from ernie_deploy.checks import gpurelease
 from ernie_deploy.checks.metrics import in_flight
 from ernie_deploy.checks.playbook import Expectations
 from ernie_deploy.checks.result import CheckInputError, CheckResult
+from ernie_deploy.errors import DeployError
 from ernie_deploy.orchestration import hooks, readiness
 from ernie_deploy.orchestration.fleet import Fleet, HostRun
 from ernie_deploy.orchestration.instancecheck import api_key, instance_checks, requests_for
@@ -59,7 +60,7 @@ class Work:
     serving: set[str]  # units serving now: drained first
     whole: list[str] = field(default_factory=list)  # why the host must go as a whole (GPUs move)
     activation: converge.Changes = field(default_factory=converge.Changes)  # host-wide part of the first start
-    undo_to: releases.Release | None = None  # what ran before the change
+    undo_to: dict[str, releases.Release] = field(default_factory=dict)  # unit → the release it ran before
     revertible: bool = True  # False for a restart: the files did not change, there is nothing to go back to
     batch: int = 1
     stop_first: tuple[str, ...] = ()  # units outside the plan that hold GPUs the plan needs (pruned)
@@ -113,11 +114,10 @@ class HostCycle:
         insts = self.work.instances
         groups = [insts] if self.work.whole or self.opts.parallel_instances else [[i] for i in insts]
         for k, group in enumerate(groups):
-            if self.fleet.abort.is_set():
-                self.result.fail(Status.FAILED, "stopped after changing it: interrupted"
-                                 if self.fleet.interrupted else "stopped: another host failed", self.result.hint)
-                return False
             later = [i for g in groups[k + 1:] for i in g]
+            if self.fleet.abort.is_set():
+                self._stopped("before " + ", ".join(i.unit for i in group), group + later)
+                return False
             if not self._group(group, first=k == 0, later=later):
                 return False
         return True
@@ -125,29 +125,54 @@ class HostCycle:
     def _group(self, group: list[InstancePlan], first: bool, later: list[InstancePlan]) -> bool:
         serving = [i for i in group if unit_of(i) in self.work.serving]
         running = [i for i in group if unit_of(i) in self.work.running]
+        pulled: list[InstancePlan] = []  # out of the balancer
         for inst in serving:
             if self.opts.pre_drain and not self._hook("pre-drain", self.opts.pre_drain, inst):
+                self._back_in_rotation(pulled)
                 self._undo([], group + later, "the pre-drain hook failed; nothing was stopped")
                 return False
+            pulled.append(inst)
         drained = {unit_of(i): self._wait_idle(i) for i in serving}
-        for unit in self.work.stop_first if first else ():
+        if self.fleet.abort.is_set():  # drained but not stopped yet: it keeps serving; put it back
+            self._back_in_rotation(serving)
+            self._stopped("before stopping " + ", ".join(i.unit for i in group), group + later)
+            return False
+        stop_first = self.work.stop_first if first else ()
+        for unit in stop_first:
             self._stop_unit(unit, None, 0.0)
         for inst in running:
             self._stop_unit(unit_of(inst), inst, drained.get(unit_of(inst), 0.0))
-        release = self._gpus_free(group, after_stop=bool(running))
+        release = self._gpus_free(group, after_stop=bool(running or stop_first))
         if not release.free:
-            self._undo([], later, None)
+            self._undo(group, later, None, restart=False)
             return False
         launched = self._start(group, first)
         failed = self._ready(group, launched)
+        if self.fleet.abort.is_set():  # the watch was cut short: nothing failed, nothing was verified
+            self._stopped("while " + ", ".join(i.unit for i in group) + " started (not verified: rerun to check "
+                          "it)", later)
+            return False
         if failed:
             self._undo(group if self.work.whole else failed, later, None)
             return False
         for inst in group:
             if self.opts.post_ready and not self._hook("post-ready", self.opts.post_ready, inst):
+                self._undo([], later, None)
                 return False
         return True
 
+    def _stopped(self, where: str, unreached: list[InstancePlan]) -> None:
+        """The run was stopped (Ctrl-C, or another host failed with --any-errors-fatal): instances not reached
+        get their files back, so the host runs and holds one release per instance again."""
+        why = "interrupted" if self.fleet.interrupted else "another host failed (--any-errors-fatal)"
+        self.result.fail(Status.FAILED, f"stopped {where}: {why}", self.result.hint)
+        self._undo([], unreached, None)
+
+    def _back_in_rotation(self, insts: list[InstancePlan]) -> None:
+        """Instances taken out of the balancer that keep serving (the rollout stopped before their stop)."""
+        for inst in insts:
+            if self.opts.post_ready:
+                self._hook("post-ready", self.opts.post_ready, inst, fail=False)
     # -- steps ---------------------------------------------------------------------------------------
     def _row(self, inst_or_unit: InstancePlan | str) -> str:
         unit = inst_or_unit if isinstance(inst_or_unit, str) else unit_of(inst_or_unit)
@@ -156,7 +181,7 @@ class HostCycle:
     def _time(self, unit: str, phase: str, seconds: float) -> None:
         self.result.timings.setdefault(unit, {})[phase] = round(seconds, 3)
 
-    def _hook(self, name: str, shell: str, inst: InstancePlan) -> bool:
+    def _hook(self, name: str, shell: str, inst: InstancePlan, fail: bool = True) -> bool:
         t0 = self.timeline.now()
         self.fleet.progress(self.plan.name, f"{name} hook for {inst.unit}")
         with self.fleet.step(self.run, f"{name} hook {inst.unit}") as step:
@@ -166,10 +191,13 @@ class HostCycle:
             if not done.ok:
                 step.status = "failed"
         self.timeline.span(self._row(inst), "hook", t0, "ok" if done.ok else "failed")
-        if not done.ok:
-            self.result.fail(Status.FAILED, f"{inst.unit}: {done.summary}; the rollout stops here",
-                             f"fix the {name} hook (see its output with -v), then rerun with --resume")
+        if not done.ok and fail:
+            self.result.fail(Status.FAILED, f"{inst.unit}: {done.summary}",
+                             f"fix the {name} hook (its output is in the evidence), then rerun (a rollout of "
+                             "several batches continues with --resume)")
             self.result.evidence = done.output
+        elif not done.ok:
+            self.result.evidence.append(f"{inst.unit}: {done.summary}: put it back into the balancer by hand")
         return done.ok
 
     def _wait_idle(self, inst: InstancePlan) -> float:
@@ -268,7 +296,9 @@ class HostCycle:
         if any(reading.states.get(u, UnitState()).active_state not in ("inactive", "failed", "") for u in units):
             return gpurelease.Release(False)  # still stopping: its processes may hold the GPUs
         baseline = {g: mib for u in units for g, mib in reading.baselines.get(u, {}).items()}
-        sharing = {pid for pid, unit in reading.units.items() if unit not in units and unit.startswith("ernie-vllm-")}
+        # Instances the plan puts on the same GPUs (vllm_share_gpus) keep theirs; any other process holds them.
+        siblings = {unit_of(i) for i in self.plan.instances if unit_of(i) not in units and set(i.gpus) & set(gpus)}
+        sharing = {pid for pid, unit in reading.units.items() if unit in siblings}
         return gpurelease.judge(gpus, reading.rows, reading.apps, reading.names, baseline, sharing)
 
     def _start(self, group: list[InstancePlan], first: bool) -> dict[str, converge.Started]:
@@ -350,9 +380,11 @@ class HostCycle:
         return failed
 
     # -- undo ----------------------------------------------------------------------------------------
-    def _undo(self, failed: list[InstancePlan], later: list[InstancePlan], why: str | None) -> None:
-        """Restore what ran before for `failed` (restart and re-verify it) and give `later` (staged, not
-        reached) their files back. The host stays failed either way; the result says what was done."""
+    def _undo(self, failed: list[InstancePlan], later: list[InstancePlan], why: str | None,
+              restart: bool = True) -> None:
+        """Restore what ran before for `failed` (and, with `restart`, start and re-verify it) and give `later`
+        (staged, not reached) their files back. The host stays failed either way; the result says what was
+        done. An error while undoing is reported beside the original failure, never instead of it."""
         work, result = self.work, self.result
         if why:
             result.evidence.append(why)
@@ -363,37 +395,50 @@ class HostCycle:
                 result.rollbacks.append("kept as it failed (--no-rollback): "
                                         + ", ".join(unit_of(i) for i in failed))
             return
-        release = work.undo_to
-        restore = tuple(unit_of(i) for i in failed if release and releases.has_unit(release, unit_of(i)))
-        disable = tuple(unit_of(i) for i in failed if unit_of(i) not in restore)
-        unpend = tuple(unit_of(i) for i in later)
-        if not (restore or disable or unpend):
+        back = {unit_of(i): work.undo_to[unit_of(i)] for i in failed + later if unit_of(i) in work.undo_to}
+        stop = tuple(unit_of(i) for i in failed if unit_of(i) in back)
+        disable = tuple(unit_of(i) for i in failed if unit_of(i) not in back)
+        if not (back or disable):
             return
+        cause = (result.status, result.message, result.hint)
         t0 = self.timeline.now()
-        with self.fleet.step(self.run, "roll back") as step:
-            self.session.run(releases.undo_command(release, restore, disable, unpend, self.audit("rollback")))
-            step.changed = True
-            if unpend:
-                step.evidence.append("files put back (never restarted): " + ", ".join(unpend))
+        try:
+            with self.fleet.step(self.run, "roll back") as step:
+                self.session.run(releases.undo_command(back, stop, disable, self.audit("rollback")))
+                step.changed = True
+                unpended = [u for u in back if u not in stop]
+                if unpended:
+                    step.evidence.append("files put back (never restarted): " + ", ".join(unpended))
             if disable:
                 result.rollbacks.append(f"{', '.join(disable)}: no earlier release to go back to (first deploy): "
                                         "stopped and disabled instead of crash-looping")
-        for unit in disable:
-            self.timeline.span(self._row(unit), "rollback", t0, "warn")
-        if not restore or release is None:
-            return
-        self.timeline.mark("rollback", f"{self.plan.name}: back to {release.id}")
-        back = released_instances(self.session, release, self.plan, [i for i in failed if unit_of(i) in restore])
-        cause = (result.status, result.message, result.hint)
-        freed = self._gpus_free(back).free
-        result.status, result.message, result.hint = cause
-        if not freed:
-            result.rollbacks.append(f"{', '.join(restore)}: files restored to {release.id}, but not started: "
+            for unit in disable:
+                self.timeline.span(self._row(unit), "rollback", t0, "warn")
+            if stop and not restart:
+                result.rollbacks.append(f"{', '.join(stop)}: files restored to what ran before; not started (its "
+                                        "GPUs are held)")
+            elif stop:
+                self._restart_restored([i for i in failed if unit_of(i) in stop], back, t0)
+        except DeployError as exc:
+            result.rollbacks.append(f"rolling back failed: {exc.message}")
+        finally:
+            result.status, result.message, result.hint = cause
+
+    def _restart_restored(self, failed: list[InstancePlan], back: dict[str, releases.Release], t0: float) -> None:
+        result = self.result
+        restored: list[tuple[InstancePlan, releases.Release]] = []
+        for release in {back[unit_of(i)].id: back[unit_of(i)] for i in failed}.values():
+            self.timeline.mark("rollback", f"{self.plan.name}: back to {release.id}")
+            mine = [i for i in failed if back[unit_of(i)].id == release.id]
+            restored += [(i, release) for i in released_instances(self.session, release, self.plan, mine)]
+        insts = [i for i, _ in restored]
+        if not self._gpus_free(insts).free:
+            result.rollbacks.append(f"{', '.join(unit_of(i) for i in insts)}: files restored, but not started: "
                                     "its GPUs were not released")
             return
-        launched = self._start(back, first=False)
+        launched = self._start(insts, first=False)
         self.started_at = t0
-        still = self._ready(back, launched, rolled_back=True)
-        for inst in back:
+        still = self._ready(insts, launched, rolled_back=True)
+        for inst, release in restored:
             verdict = "failed again" if inst in still else "ready and verified"
             result.rollbacks.append(f"{unit_of(inst)}: rolled back to release {release.id}: {verdict}")

@@ -132,10 +132,10 @@ class Runner:
             result.fail(Status.SKIPPED, "skipped before changing anything: run aborted")
             return
         if changes.files or changes.units:
-            # What ran before: restored when a changed instance fails.
-            work.undo_to = releases.current(releases.parse_list(session.run(releases.list_command()).text),
-                                            snap.facts.files)
-        self._stage(run, snap)
+            # What each unit ran before: restored when a changed instance fails.
+            work.undo_to = releases.running_releases(releases.parse_list(session.run(releases.list_command()).text),
+                                                     snap.facts.files, [unit_of(i) for i in snap.plan.instances])
+        self._stage(run, snap, tuple(sorted({r.id for r in work.undo_to.values()})))
         audit: Callable[[str], dict[str, Any]] = lambda action: self._audit(run, action, changes)  # noqa: E731
         if not work.instances:
             with self.fleet.step(run, "activate") as step:
@@ -198,7 +198,7 @@ class Runner:
                           for c in changes.files],
                 "restart": list(changes.restart), "start": list(changes.start), "prune": list(changes.prune)}
 
-    def _stage(self, run: HostRun, snap: Snapshot) -> None:
+    def _stage(self, run: HostRun, snap: Snapshot, protect: tuple[str, ...]) -> None:
         """Stage the files (recording a release); nothing is restarted."""
         assert run.session is not None
         changes, name = snap.changes, run.host.name
@@ -211,6 +211,6 @@ class Runner:
                    "changed": [c.path for c in changes.files]}
         keep = max(1, int(snap.plan.settings["keep_releases"].value))
         with self.fleet.step(run, "stage") as step:
-            run.session.run(converge.stage_command(snap.files, changes, audit, release, keep))
+            run.session.run(converge.stage_command(snap.files, changes, audit, release, keep, protect))
             step.changed, step.evidence = bool(changes.files), [f"release {rid}"]
         run.result.release = rid

@@ -8,6 +8,7 @@ past the timeout is a failure that stops the rollout.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -41,7 +42,8 @@ def run(name: str, shell: str, env: dict[str, str], timeout: float) -> HookResul
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # it may have ended in the meantime
+            os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
         return HookResult(False, f"{name} hook ran past its timeout of {timeout:.0f}s and was killed",
                           _tail(out))

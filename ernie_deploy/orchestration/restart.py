@@ -159,6 +159,11 @@ class Restarter:
                             "ernie-deploy releases -i INV --limit HOST lists the kept ones: "
                             + (", ".join(r.id for r in kept) or "none"))
                 return
+        elif now is None:
+            result.fail(Status.FAILED, "the installed files match no kept release as a whole (an earlier rollback "
+                        "of one instance, or hand edits), so 'the one before' is not defined",
+                        "name the release: --to ID (ernie-deploy releases -i INV --limit HOST lists them)")
+            return
         else:
             target = releases.previous(kept, files)
             if target is None:
@@ -186,7 +191,7 @@ class Restarter:
         back = released_instances(run.session, target, snap.plan, insts)
         work = self._work(run, snap, back, batch)
         work.activation = converge.Changes(reload=True)
-        work.undo_to, work.revertible = now, now is not None
+        work.undo_to = releases.running_releases(kept, files, list(units))
         work.whole = [f"{unit_of(i)} moves to GPU(s) {','.join(map(str, i.gpus))}" for i in back
                       if unit_of(i) in work.running and tuple(snap.facts.unit_gpus.get(unit_of(i), ())) != i.gpus]
         if HostCycle(self.fleet, run, work, self.options.cycle, self.expectations, self.report.timeline,

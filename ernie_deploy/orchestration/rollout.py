@@ -66,7 +66,8 @@ def drive(fleet: Fleet, hosts: Sequence[RemoteHost], opts: RolloutOptions, snaps
                 run = by_name[name]
                 if not run.result.finished:
                     run.result.batch = k + 1
-                    run.result.message = f"done in batch {k + 1} of the stopped rollout; re-checked: serving"
+                    checked = "; re-checked: serving" if opts.preflight and not opts.force else ""
+                    run.result.message = f"done in batch {k + 1} of the stopped rollout{checked}"
         first = next((k for k in range(len(report.batches)) if k not in report.done), None)
         for k, batch in enumerate(report.batches):
             if k in report.done:
@@ -85,17 +86,18 @@ def drive(fleet: Fleet, hosts: Sequence[RemoteHost], opts: RolloutOptions, snaps
             fleet.phase(todo, functools.partial(_numbered, change, k + 1))
             failed = sum(r.result.status in (Status.FAILED, Status.LOCKED) for r in todo)
             unreachable = sum(r.result.status is Status.UNREACHABLE for r in todo)
+            last = k == len(report.batches) - 1
             if fleet.interrupted:
                 report.stopped = f"the rollout was interrupted in batch {k + 1}"
-            elif k == len(report.batches) - 1:
-                report.done.append(k)  # the last batch: nothing left that a stop would protect
-            elif failed + unreachable and (k == first or batch_stops(failed, unreachable, len(todo),
-                                                                       opts.max_fail_percentage)):
-                what = "the first batch (canary)" if k == first and len(report.batches) > 1 else f"batch {k + 1}"
+            elif fleet.abort.is_set() and not last:
+                report.stopped = f"the rollout stopped in batch {k + 1}: a host failed (--any-errors-fatal)"
+            elif not failed + unreachable:
+                report.done.append(k)
+            elif not last and (k == first or batch_stops(failed, unreachable, len(todo), opts.max_fail_percentage)):
+                what = "the first batch (canary)" if k == 0 else f"batch {k + 1}"
                 report.stopped = f"the rollout stopped after {what}: {failed + unreachable} of {len(todo)} " \
                                  "host(s) failed"
-            else:
-                report.done.append(k)
+            # A batch with failures is not done, stopped or not: --resume retries it.
             if report.stopped:
                 report.timeline.mark("stop", report.stopped)
             _keep(opts, report)

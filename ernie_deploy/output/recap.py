@@ -106,8 +106,8 @@ def show_rollout(report: Report, results: Sequence[HostResult]) -> None:
             state = "done" if k in done else "not done"
             console.out.print(f"batch {k}: {', '.join(batch)} ({state})", markup=False)
     if report.stopped:
-        console.out.print(f"[bold red]{report.stopped}[/]; continue later with --resume", markup=True,
-                          highlight=False)
+        later = "; continue later with --resume" if len(report.batches) > 1 else ""
+        console.out.print(f"[bold red]{report.stopped}[/]{later}", markup=True, highlight=False)
     rows = [(r.host, unit, phases) for r in results for unit, phases in r.timings.items()]
     if rows:
         console.table("per-instance timings", ["instance", *TIMED],

@@ -177,8 +177,9 @@ def _cleanup() -> str:
 
 
 def stage_command(files: list[RenderedFile], changes: Changes, audit: dict[str, Any], release: dict[str, Any],
-                  keep: int) -> Command:
-    """Install the changed files atomically, mark their units pending and record the release; restart nothing."""
+                  keep: int, protect: tuple[str, ...] = ()) -> Command:
+    """Install the changed files atomically, mark their units pending and record the release; restart nothing.
+    Releases in `protect` (what the units run now: a failed start goes back to them) are never pruned."""
     q = shlex.quote
     wanted = {c.path for c in changes.files}
     rid = str(release["id"])
@@ -211,7 +212,8 @@ def stage_command(files: list[RenderedFile], changes: Changes, audit: dict[str, 
     lines += [f"cp -p {q(f.path)} {q(rdir + '.tmp' + f.path)}" for f in files]
     lines += [f"cp {STAGING_DIR}/release.json {q(rdir)}.tmp/release.json", f"mv {q(rdir)}.tmp {q(rdir)}",
               # Newest `keep` releases stay (ids sort by time).
-              f"ls -1 {RELEASES_DIR} | grep -v '\\.tmp$' | sort | head -n -{max(1, keep)} | "
+              f"ls -1 {RELEASES_DIR} | grep -v '\\.tmp$' | grep -vxF -e {q(rid)} "
+              + "".join(f"-e {q(p)} " for p in protect) + f"| sort | head -n -{max(1, keep)} | "
               f"while read -r old; do rm -rf {RELEASES_DIR}/\"$old\"; done",
               f"cat {STAGING_DIR}/audit.jsonl >> {AUDIT_LOG}; chmod 0600 {AUDIT_LOG}",
               f"printf '{RELEASE_MARK}%s\\n' {q(rid)}"]
@@ -332,13 +334,15 @@ def moved_gpus(plan: HostPlan, facts: HostFacts) -> list[str]:
     # A unit without CUDA_VISIBLE_DEVICES (not written by us) says nothing about its GPUs.
     running = {u: set(facts.unit_gpus[u]) for u, s in facts.units.items()
                if s.active_state in RUNNING and facts.unit_gpus.get(u)}
+    planned = {f"{i.unit}.service": set(i.gpus) for i in plan.instances}
     why = []
     for inst in plan.instances:
         unit, wanted = f"{inst.unit}.service", set(inst.gpus)
         if unit in running and running[unit] != wanted:
             why.append(f"{unit} moves from GPU(s) {_ids(running[unit])} to {_ids(wanted)}")
         for other, held in running.items():
-            if other != unit and held & wanted:
+            # Instances the plan itself puts on shared GPUs (vllm_share_gpus) are not in each other's way.
+            if other != unit and held & wanted and not (planned.get(other, set()) & wanted):
                 why.append(f"{unit} needs GPU(s) {_ids(held & wanted)}, held now by {other}")
     return why
 

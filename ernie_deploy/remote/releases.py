@@ -101,28 +101,46 @@ def unit_path(unit: str) -> str:
     return f"{UNIT_DIR}/{unit}"
 
 
+def env_path(unit: str) -> str:
+    return f"{ENV_DIR}/{unit.removesuffix('.service')}.env"
+
+
+def running_releases(releases: Sequence[Release], files: Mapping[str, str],
+                     units: Sequence[str]) -> dict[str, Release]:
+    """Per unit, the newest release whose unit and env file are the installed ones: what that unit runs (or runs
+    after a restart). Per unit, because one-at-a-time changes and per-instance rollbacks leave a host whose
+    units come from different releases. A unit no release has (new, or edited by hand) is absent."""
+    out = {}
+    for unit in units:
+        paths = (unit_path(unit), env_path(unit))
+        for release in reversed(releases):
+            if unit_path(unit) in release.files and all(release.files.get(p) == files.get(p) for p in paths):
+                out[unit] = release
+                break
+    return out
+
+
 def has_unit(release: Release, unit: str) -> bool:
     return unit_path(unit) in release.files
 
 
-def undo_command(release: Release | None, restore: tuple[str, ...], disable: tuple[str, ...],
-                 unpend: tuple[str, ...], audit: dict[str, Any]) -> Command:
-    """Undo a failed change on a host, atomically per file: put `restore` units' files back from `release` and
-    stop them (the caller starts them again once their GPUs are free); stop and disable `disable` units (no
-    earlier release has them: a first deploy); put the files of `unpend` units (staged, never restarted)
-    back too, so what is on disk is again what runs. None of these stay pending."""
+def undo_command(restore: Mapping[str, Release], stop: tuple[str, ...], disable: tuple[str, ...],
+                 audit: dict[str, Any]) -> Command:
+    """Undo a failed change on a host, atomically per file: put each unit of `restore` back to its release's
+    files (so what is on disk is again what ran) and take it off the pending list; stop `stop` units (the
+    caller starts them again once their GPUs are free); stop and disable `disable` units (no earlier release
+    has them: a first deploy)."""
     q = shlex.quote
     lines = ["set -eu", "umask 077"]
-    units = restore + unpend
-    if release is not None and units:
-        lines += restore_command(release, units).script.splitlines()[2:]
+    for unit, release in sorted(restore.items()):
+        lines += restore_command(release, (unit,)).script.splitlines()[2:]
     lines.append("systemctl daemon-reload")
-    for unit in restore + disable:
+    for unit in stop + disable:
         lines.append(f"systemctl stop {q(unit)} || true")
         lines.append(f"systemctl reset-failed {q(unit)} 2>/dev/null || true")
     if disable:
         lines.append("systemctl disable -q " + " ".join(q(u) for u in disable) + " || true")
-    done = restore + disable + unpend
+    done = tuple(sorted(restore)) + disable
     if done:
         pattern = " ".join(f"-e {q(u)}" for u in done)
         lines.append(f"if [ -f {PENDING_FILE} ]; then grep -vxF {pattern} {PENDING_FILE} > {PENDING_FILE}.new || "

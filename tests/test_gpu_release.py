@@ -1,0 +1,56 @@
+"""The GPU release gate's judgement and the /metrics reading of a drain (pure)."""
+
+from __future__ import annotations
+
+from ernie_deploy.checks.gpurelease import MARGIN_MIB, judge
+from ernie_deploy.checks.gpus import ComputeApp, GpuRow
+from ernie_deploy.checks.metrics import in_flight
+from ernie_deploy.remote.rolling import parse_gpus
+
+ROWS = [GpuRow(0, "GPU-0", 300.0, 23028.0, 0.0), GpuRow(1, "GPU-1", 20800.0, 23028.0, 0.0)]
+
+
+def test_free_when_no_process_and_memory_back_at_the_baseline() -> None:
+    assert judge([0], ROWS, [], {}, {0: 250.0}).free
+    assert judge([0], ROWS, [], {}, {}).free  # no baseline kept: processes alone decide
+
+
+def test_a_process_on_the_gpu_is_named_with_its_pid() -> None:
+    verdict = judge([1], ROWS, [ComputeApp(4242, 20500.0, "GPU-1")], {4242: "VLLM::EngineCor"}, {1: 0.0})
+    assert not verdict.free
+    assert verdict.describe().startswith("GPU 1 held by PID 4242 (VLLM::EngineCor)")
+
+
+def test_memory_above_the_baseline_holds_the_gate_without_a_listed_process() -> None:
+    # The driver frees memory asynchronously: no process left, memory not back yet.
+    verdict = judge([1], ROWS, [], {}, {1: 100.0})
+    assert not verdict.free and verdict.high == ((1, 20800.0, 100.0 + MARGIN_MIB),)
+
+
+def test_an_instance_sharing_the_gpu_is_neither_holder_nor_memory() -> None:
+    sibling = ComputeApp(77, 20500.0, "GPU-1")
+    assert judge([1], ROWS, [sibling], {}, {1: 0.0}, sharing={77}).free
+    assert not judge([1], ROWS, [sibling], {}, {1: 0.0}).free
+
+
+def test_in_flight_sums_running_and_waiting_over_engines() -> None:
+    text = ('# HELP vllm:num_requests_running Number of requests in model execution batches.\n'
+            'vllm:num_requests_running{engine="0",model_name="m"} 2.0\n'
+            'vllm:num_requests_running{engine="1",model_name="m"} 1.0\n'
+            'vllm:num_requests_waiting{engine="0",model_name="m"} 3.0\n'
+            'vllm:num_requests_waiting_by_reason{reason="capacity"} 9.0\n')
+    assert in_flight(text) == 6
+    assert in_flight("process_cpu_seconds_total 3.0\n") is None  # not vLLM: never read as idle
+
+
+def test_gpu_reading_parses_units_baselines_and_cgroups() -> None:
+    text = ("@@ernie-deploy:unit ernie-vllm-0.service\nId=ernie-vllm-0.service\nActiveState=inactive\n"
+            "@@ernie-deploy:baseline ernie-vllm-0.service\n0, 310\n"
+            "@@ernie-deploy:gpus\n0, GPU-0, 300, 23028, 0\n"
+            "@@ernie-deploy:apps\n4242, 20000, GPU-0\n"
+            "@@ernie-deploy:ps\n 4242 VLLM::EngineCor\n"
+            "@@ernie-deploy:cgroups\n4242 leaked.service\n")
+    reading = parse_gpus(text)
+    assert reading.states["ernie-vllm-0.service"].active_state == "inactive"
+    assert reading.baselines == {"ernie-vllm-0.service": {0: 310.0}}
+    assert reading.names == {4242: "VLLM::EngineCor"} and reading.units == {4242: "leaked.service"}
