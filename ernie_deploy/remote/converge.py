@@ -211,9 +211,9 @@ def stage_command(files: list[RenderedFile], changes: Changes, audit: dict[str, 
     lines += [f"rm -rf {q(rdir)}.tmp {q(rdir)}", f"mkdir -p {q(rdir)}.tmp{UNIT_DIR} {q(rdir)}.tmp{ENV_DIR}"]
     lines += [f"cp -p {q(f.path)} {q(rdir + '.tmp' + f.path)}" for f in files]
     lines += [f"cp {STAGING_DIR}/release.json {q(rdir)}.tmp/release.json", f"mv {q(rdir)}.tmp {q(rdir)}",
-              # Newest `keep` releases stay (ids sort by time).
-              f"ls -1 {RELEASES_DIR} | grep -v '\\.tmp$' | grep -vxF -e {q(rid)} "
-              + "".join(f"-e {q(p)} " for p in protect) + f"| sort | head -n -{max(1, keep)} | "
+              # Newest `keep` releases stay (ids sort by time), and every release a unit runs now (`protect`).
+              f"ls -1 {RELEASES_DIR} | grep -v '\\.tmp$' | sort | head -n -{max(1, keep)} | "
+              f"grep -vxF -e {q(rid)} " + "".join(f"-e {q(p)} " for p in protect) + "| "
               f"while read -r old; do rm -rf {RELEASES_DIR}/\"$old\"; done",
               f"cat {STAGING_DIR}/audit.jsonl >> {AUDIT_LOG}; chmod 0600 {AUDIT_LOG}",
               f"printf '{RELEASE_MARK}%s\\n' {q(rid)}"]
