@@ -64,3 +64,31 @@ def test_gather_script_quotes_paths() -> None:
     script = gather_script("/models/x y; rm -rf /", "/opt/vllm/bin/vllm")
     assert "cat '/models/x y; rm -rf /config.json'" in script
     assert "/etc/ernie-deploy/ernie-vllm-*.env" in script and "cat /etc/ernie-deploy" not in script
+
+
+def test_vllm_version_comes_from_package_metadata_not_from_running_vllm(tmp_path: Path) -> None:
+    """The version is the installed package's (importlib.metadata in the interpreter of the script's shebang):
+    `vllm --version` imports torch first and takes 14-24 s with real vLLM, so it is only the fallback."""
+    import subprocess
+    import sys
+    import sysconfig
+
+    from ernie_deploy.remote.facts import version_script
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    purelib = Path(sysconfig.get_path("purelib", vars={"base": str(venv), "platbase": str(venv)}))
+    dist = purelib / "vllm-9.8.7.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 9.8.7\n")
+    script = tmp_path / "vllm"
+    script.write_text(f"#!{venv}/bin/python\nimport sys\nprint('ran vllm'); sys.exit(3)\n")
+    script.chmod(0o755)
+    out = subprocess.run(["sh", "-c", version_script(str(script))], capture_output=True, text=True).stdout
+    assert out.split() == ["9.8.7", "rc=0"]
+    # No metadata (or a shebang through env): `vllm --version` answers, exit status and all.
+    script.write_text("#!/bin/sh\necho 0.11.0\n")
+    out = subprocess.run(["sh", "-c", version_script(str(script))], capture_output=True, text=True).stdout
+    assert out.split() == ["0.11.0", "rc=0"]
+    facts = parse_facts(f"@@ernie-deploy:vllm\n{out}@@ernie-deploy:end\n")
+    assert facts.vllm_version == "0.11.0"

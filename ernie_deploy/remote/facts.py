@@ -78,11 +78,23 @@ done
 m model; cat {config} 2>&1; rc=$?; echo; echo "rc=$rc"
 m modeluser; if id -u {q(user)} >/dev/null 2>&1; then
   runuser -u {q(user)} -- test -r {config} && echo readable || echo unreadable; fi
-m vllm; {q(vllm_bin)} --version 2>&1; echo "rc=$?"
+m vllm; {version_script(vllm_bin)}
 m lock; cat {LOCK_DIR}/info 2>/dev/null
 m pending; cat {PENDING_FILE} 2>/dev/null
 m end
 """
+
+
+def version_script(vllm_bin: str) -> str:
+    """The installed vLLM version, from the package metadata of the interpreter in the `vllm` script's shebang
+    (milliseconds), not `vllm --version`, which imports torch first and takes 14-24 s with real vLLM 0.33;
+    that stays the fallback (a shebang through /usr/bin/env, or no metadata). Prints the version, then rc=."""
+    q = shlex.quote
+    return (f"py=$(head -n 1 {q(vllm_bin)} 2>/dev/null | "
+            "sed -n 's/^#![[:space:]]*\\([^[:space:]]*python[^[:space:]]*\\).*/\\1/p'); v=; "
+            "if [ -n \"$py\" ] && [ -x \"$py\" ]; then "
+            "v=$(\"$py\" -c 'import importlib.metadata as m; print(m.version(\"vllm\"))' 2>/dev/null) || v=; fi; "
+            f"if [ -n \"$v\" ]; then echo \"$v\"; echo rc=0; else {q(vllm_bin)} --version 2>&1; echo \"rc=$?\"; fi")
 
 
 def gather_command(model_path: str, vllm_bin: str, user: str = "vllm") -> Command:
