@@ -396,3 +396,37 @@ def test_a_partly_failed_batch_is_not_done_so_resume_retries_it(tmp_path: Path, 
     # Batch 1 (a, b) done; batch 2 (c, d): 1 of 2 failed, not over 60 %: not stopped, but not done either.
     assert not runner.report.stopped and runner.report.done == [0]
     assert json.loads((state_dir / "k.json").read_text())["done"] == [0]
+
+
+def test_ctrl_c_during_the_gpu_wait_still_brings_the_instance_back(tmp_path: Path) -> None:
+    """The instance is stopped when Ctrl-C comes: the gate keeps waiting for its GPUs and it is started again
+    (not verified), instead of being left down."""
+    import _thread
+    import time as clock
+
+    from ernie_deploy.remote.command import Command
+
+    class SlowRelease(FakeHost):
+        readings = -1  # not armed during the first deploy
+
+        def gpu_release(self, cmd: Command) -> str:
+            if self.readings < 0:
+                return super().gpu_release(cmd)
+            self.readings += 1
+            if self.readings == 1:
+                _thread.interrupt_main()  # what Ctrl-C does
+                clock.sleep(0.2)
+            self.orphan = 4242 if self.readings < 4 else None  # the driver lets go after a while
+            return super().gpu_release(cmd)
+
+    fakes: dict[str, FakeHost] = {"a": SlowRelease()}
+    deploy(fakes, hosts_of(tmp_path, {"a": {}}))
+    fakes["a"].log.clear()
+    fakes["a"].readings = 0  # type: ignore[attr-defined]
+    opts = RestartOptions(cycle=cycle(command="restart", health_timeout=5.0, stable=0.0, gpu_timeout=5.0),
+                          rollout=RolloutOptions(serial=[1], preflight=True, resume_key="k"))
+    runner = Restarter(PlanContext.load(), connector(fakes), opts)
+    (r,) = runner.run(hosts_of(tmp_path, {"a": {}}))
+    assert runner.stopped_by is not None
+    assert fakes["a"].log == ["stop ernie-vllm-0.service", "start ernie-vllm-0.service"]
+    assert r.status is Status.FAILED and "not verified" in r.message and "interrupted" in r.message

@@ -173,6 +173,7 @@ class HostCycle:
         for inst in insts:
             if self.opts.post_ready:
                 self._hook("post-ready", self.opts.post_ready, inst, fail=False)
+
     # -- steps ---------------------------------------------------------------------------------------
     def _row(self, inst_or_unit: InstancePlan | str) -> str:
         unit = inst_or_unit if isinstance(inst_or_unit, str) else unit_of(inst_or_unit)
@@ -268,7 +269,8 @@ class HostCycle:
                     free_since = now
                 else:
                     free_since = None
-                if now - start >= self.opts.gpu_timeout or self.fleet.abort.is_set():
+                # Not cut short by Ctrl-C: the instance is stopped, and starting it again needs free GPUs.
+                if now - start >= self.opts.gpu_timeout:
                     break
                 time.sleep(self.opts.poll)
             step.evidence = [f"GPU(s) {','.join(map(str, gpus))}: {verdict.describe()} after {now - start:.1f}s"]
@@ -440,5 +442,6 @@ class HostCycle:
         self.started_at = t0
         still = self._ready(insts, launched, rolled_back=True)
         for inst, release in restored:
-            verdict = "failed again" if inst in still else "ready and verified"
+            verdict = "ready and verified" if inst not in still else \
+                "started, not verified (interrupted)" if self.fleet.abort.is_set() else "failed again"
             result.rollbacks.append(f"{unit_of(inst)}: rolled back to release {release.id}: {verdict}")
