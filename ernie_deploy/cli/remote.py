@@ -29,7 +29,10 @@ from ernie_deploy.output import console
 from ernie_deploy.output.jsonout import RESULTS_SCHEMA
 from ernie_deploy.output.jsonout import results_document as document
 from ernie_deploy.output.recap import show_checks, show_recap, show_results, show_rollout
+from ernie_deploy.planning.drivers import DriverVerdict, judge, need
 from ernie_deploy.planning.plan import PlanContext
+from ernie_deploy.planning.versions import version_facts
+from ernie_deploy.remote.facts import HostFacts
 from ernie_deploy.remote.ssh import HostKeyPolicy, connect
 
 log = logging.getLogger(__name__)
@@ -285,13 +288,30 @@ def _error(r: HostResult) -> str | None:
     return None if not r.finished else f"{r.host}: {r.message}" + (f"\n  fix: {r.hint}" if r.hint else "")
 
 
+def _driver(host: Host, facts: HostFacts) -> tuple[str, DriverVerdict] | None:
+    """The host's driver against what its vLLM needs (the pinned version, else the installed one, else the
+    default); None without a driver or below the table's lowest release."""
+    version = str(host.vars.get("vllm_version") or facts.vllm_version or version_facts().default)
+    wanted = need(version)
+    if wanted is None or not facts.gpus:
+        return None
+    return version, judge(facts.gpus[0].driver, wanted)
+
+
 def cmd_facts(args: argparse.Namespace) -> int:
     _, ctx, hosts = _targets(args)
     fleet = Fleet(_connector(args), _fleet_options(args))
     results = gather_facts(fleet, ctx, hosts)
+    drivers = {r.host: _driver(h, f) if f else None for h, (r, f) in zip(hosts, results, strict=True)}
     if args.json:
-        console.print_json({"schema": "ernie-deploy/facts/v1",
-                            "hosts": {r.host: {"facts": f.to_json() if f else None, "error": _error(r)}
+        def driver_json(host: str) -> dict[str, object] | None:
+            found = drivers[host]
+            return None if found is None else {"vllm": found[0], "ok": found[1].ok, "summary": found[1].summary}
+
+        # v2: each host's driver check against the vLLM it runs or pins (docs/drivers.md).
+        console.print_json({"schema": "ernie-deploy/facts/v2",
+                            "hosts": {r.host: {"facts": f.to_json() if f else None, "error": _error(r),
+                                               "driver_check": driver_json(r.host)}
                                       for r, f in results}})
     else:
         for r, facts in results:
@@ -304,6 +324,9 @@ def cmd_facts(args: argparse.Namespace) -> int:
             arch = (facts.model_config or {}).get("architectures") or facts.model_error
             console.out.print(f"{r.host}: {gpus}, {link}; systemd {facts.systemd_version}; vLLM "
                               f"{facts.vllm_version or facts.vllm_error}; model {arch}", markup=False)
+            found = drivers[r.host]
+            if found is not None:
+                console.out.print(f"    {found[1].summary}", markup=False)
             for unit in facts.units.values():
                 console.out.print(f"    {unit.name}: {unit.active_state}/{unit.sub_state} pid {unit.main_pid} "
                                   f"restarts {unit.n_restarts}", markup=False)
