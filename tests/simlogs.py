@@ -122,6 +122,14 @@ def _drive(sc: Scenario, proc: subprocess.Popen[bytes], log: Path, root: Path, p
     proc.wait(timeout=max(0.1, deadline - time.monotonic()))
 
 
+def sim_env(root: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment for a simulator under `root`: no GPU or key of the caller's, short loads."""
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "VLLM_API_KEY")}
+    env.update({"ERNIE_LAB_ROOT": str(root), "VLLM_SIM_LOAD_SECONDS": LOAD_SECONDS, "PYTHONPATH": str(REPO),
+                **(extra or {})})
+    return env
+
+
 def run(sc: Scenario) -> tuple[str, Path, int]:
     """(combined output, temporary root, port) of one scenario; every process it started is gone after."""
     with tempfile.TemporaryDirectory(prefix="simlog-") as tmp:
@@ -129,9 +137,7 @@ def run(sc: Scenario) -> tuple[str, Path, int]:
         model = _setup(root, sc)
         port = _free_port()
         log = root / "out.log"
-        env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "VLLM_API_KEY")}
-        env.update({"ERNIE_LAB_ROOT": str(root), "VLLM_SIM_LOAD_SECONDS": LOAD_SECONDS, "PYTHONPATH": str(REPO),
-                    **dict(sc.env)})
+        env = sim_env(root, dict(sc.env))
         with open(log, "wb") as out:
             proc = subprocess.Popen(sc.argv(str(model), port), env=env, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True, cwd=REPO)

@@ -44,7 +44,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
-from simlogs import LOAD_SECONDS, REPO, SIM_DIR, Scenario, _free_port, _setup, _wait_for, fixture_scenarios, run_all
+from simlogs import REPO, SIM_DIR, Scenario, _free_port, _setup, _wait_for, fixture_scenarios, run_all, sim_env
 
 FORMATS_DIR = Path(__file__).parent / "fixtures" / "vllm-formats"
 VERSIONS = sorted(p.stem for p in FORMATS_DIR.glob("*.txt"))
@@ -334,8 +334,7 @@ def run_death(version: str, how: str) -> str:
         model = _setup(root, sc)
         port = _free_port()
         log = root / "out.log"
-        env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "VLLM_API_KEY")}
-        env.update({"ERNIE_LAB_ROOT": str(root), "VLLM_SIM_LOAD_SECONDS": LOAD_SECONDS, "PYTHONPATH": str(REPO)})
+        env = sim_env(root)
         with open(log, "wb") as out:
             proc = subprocess.Popen(sc.argv(str(model), port), env=env, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True, cwd=REPO)

@@ -27,6 +27,7 @@ from ernie_deploy.orchestration.fleet import Fleet, HostRun
 from ernie_deploy.orchestration.instancecheck import api_key, instance_checks, requests_for
 from ernie_deploy.orchestration.results import Status
 from ernie_deploy.orchestration.timeline import Timeline
+from ernie_deploy.orchestration.transport import Transport
 from ernie_deploy.planning.plantypes import HostPlan, InstancePlan
 from ernie_deploy.remote import converge, http, probe, releases, rolling
 from ernie_deploy.remote.command import Command, Op
@@ -85,7 +86,7 @@ def as_released(inst: InstancePlan, values: dict[str, str]) -> InstancePlan:
         gpus=tuple(int(g) for g in gpus.split(",") if g.strip().isdigit()) or inst.gpus, memory=None)
 
 
-def released_instances(session: Any, release: releases.Release, plan: HostPlan,
+def released_instances(session: Transport, release: releases.Release, plan: HostPlan,
                        insts: Sequence[InstancePlan]) -> list[InstancePlan]:
     """Read the release's unit files of these instances (one command) and describe them as it runs them."""
     wanted = [i for i in insts if releases.has_unit(release, unit_of(i))]
@@ -342,9 +343,11 @@ class HostCycle:
                     step.status = "failed"
             loaded = t0 + (ready.healthy_after if ready.healthy_after is not None else ready.seconds)
             status = "ok" if ready.status == "ready" else "failed"
-            self.timeline.span(self._row(inst), "rollback" if rolled_back else "load", self.started_at, status)
-            if ready.healthy_after is not None:
-                self.timeline.spans[-1] = dataclasses.replace(self.timeline.spans[-1], end=loaded)
+            # Loading ends where it first served; the stability window and the checks are "ready".
+            healthy = ready.healthy_after is not None
+            self.timeline.span(self._row(inst), "rollback" if rolled_back else "load", self.started_at, status,
+                               end=loaded if healthy else None)
+            if healthy:
                 self.timeline.span(self._row(inst), "ready", loaded, status)
             key = "rollback_ready" if rolled_back else "ready"
             self._time(unit_of(inst), key, ready.seconds)

@@ -24,7 +24,7 @@ from ernie_deploy.orchestration.cycle import CycleOptions, HostCycle, Work, unit
 from ernie_deploy.orchestration.fleet import Fleet, FleetOptions, HostRun
 from ernie_deploy.orchestration.results import HostResult, Status
 from ernie_deploy.orchestration.rollout import Report, RolloutOptions, drive
-from ernie_deploy.orchestration.snapshot import Snapshot, SnapshotOptions, refresh, release_lock, take
+from ernie_deploy.orchestration.snapshot import Snapshot, SnapshotOptions, down, refresh, release_lock, stable_of, take
 from ernie_deploy.orchestration.transport import Connector, Progress, RemoteHost, Transport
 from ernie_deploy.planning.plan import PlanContext
 from ernie_deploy.planning.render import environment_for_templates, templates_dir
@@ -82,14 +82,7 @@ class Runner:
         snap: Snapshot | None = run.data.get("snapshot")
         if snap is None:
             return []
-        stable = float(snap.plan.settings["stable_seconds"].value)
-        out = []
-        for inst in snap.plan.instances:
-            unit = unit_of(inst)
-            problem = converge.serving_problem(unit, snap.facts, stable)
-            if unit in snap.facts.units and problem is not None:
-                out.append(f"{run.host.name} {unit}: {problem}")
-        return out
+        return down(run.host.name, snap, [unit_of(i) for i in snap.plan.instances], installed_only=True)
 
     def _snapshot(self, run: HostRun, opts: SnapshotOptions) -> None:
         snap = take(self.fleet, run, self.ctx, self.templates, opts)
@@ -149,7 +142,7 @@ class Runner:
 
     def _work(self, snap: Snapshot, batch: int) -> Work:
         changes, facts, plan = snap.changes, snap.facts, snap.plan
-        stable = float(plan.settings["stable_seconds"].value)
+        stable = stable_of(plan)
         return Work(plan, [i for i in plan.instances if unit_of(i) in changes.units], running=set(changes.restart),
                     serving={u for u in changes.restart if converge.serving_problem(u, facts, stable) is None},
                     whole=converge.moved_gpus(plan, facts), activation=changes, batch=batch,

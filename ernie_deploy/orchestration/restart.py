@@ -22,7 +22,7 @@ from ernie_deploy.orchestration.cycle import CycleOptions, HostCycle, Work, rele
 from ernie_deploy.orchestration.fleet import Fleet, FleetOptions, HostRun
 from ernie_deploy.orchestration.results import HostResult, Status
 from ernie_deploy.orchestration.rollout import Report, RolloutOptions, drive
-from ernie_deploy.orchestration.snapshot import Snapshot, SnapshotOptions, release_lock, take
+from ernie_deploy.orchestration.snapshot import Snapshot, SnapshotOptions, down, release_lock, stable_of, take
 from ernie_deploy.orchestration.transport import Connector, Progress, RemoteHost
 from ernie_deploy.planning.plan import PlanContext
 from ernie_deploy.planning.plantypes import HostPlan, InstancePlan
@@ -90,13 +90,7 @@ class Restarter:
         snap: Snapshot | None = run.data.get("snapshot")
         if snap is None:
             return []
-        stable = float(snap.plan.settings["stable_seconds"].value)
-        out = []
-        for inst in run.data["scope"]:
-            problem = converge.serving_problem(unit_of(inst), snap.facts, stable)
-            if problem is not None:
-                out.append(f"{run.host.name} {unit_of(inst)}: {problem}")
-        return out
+        return down(run.host.name, snap, [unit_of(i) for i in run.data["scope"]], installed_only=False)
 
     def _audit(self, run: HostRun, action: str) -> dict[str, Any]:
         return {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "user": self.lock.user,
@@ -105,7 +99,7 @@ class Restarter:
 
     def _work(self, run: HostRun, snap: Snapshot, insts: list[InstancePlan], batch: int) -> Work:
         facts = snap.facts
-        stable = float(snap.plan.settings["stable_seconds"].value)
+        stable = stable_of(snap.plan)
         running = {unit_of(i) for i in insts if facts.units.get(unit_of(i)) is not None
                    and facts.units[unit_of(i)].active_state in converge.RUNNING}
         serving = {u for u in running if converge.serving_problem(u, facts, stable) is None}

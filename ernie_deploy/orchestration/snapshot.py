@@ -7,6 +7,7 @@ host is changed, because facts go stale during a long rollout.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import jinja2
@@ -79,6 +80,17 @@ def take(fleet: Fleet, run: HostRun, ctx: PlanContext, templates: jinja2.Environ
 
 def stable_of(plan: HostPlan) -> float:
     return float(plan.settings["stable_seconds"].value)
+
+
+def down(host: str, snap: Snapshot, units: Sequence[str], *, installed_only: bool) -> list[str]:
+    """"host unit: why" for each of `units` that does not serve now (a rollout's pre-flight); with
+    `installed_only`, a unit not installed yet is new, not down."""
+    out = []
+    for unit in units:
+        problem = converge.serving_problem(unit, snap.facts, stable_of(snap.plan))
+        if problem is not None and (unit in snap.facts.units or not installed_only):
+            out.append(f"{host} {unit}: {problem}")
+    return out
 
 
 def refresh(fleet: Fleet, run: HostRun, snap: Snapshot, prune: bool) -> Snapshot:

@@ -40,9 +40,10 @@ class Timeline:
     def now(self) -> float:
         return time.monotonic() - self._t0
 
-    def span(self, row: str, phase: str, start: float, status: str = "ok") -> None:
+    def span(self, row: str, phase: str, start: float, status: str = "ok", end: float | None = None) -> None:
+        """A span from `start` to `end` (default: now). Hosts of a batch record theirs from parallel threads."""
         with self._lock:
-            self.spans.append(Span(row, phase, start, self.now(), status))
+            self.spans.append(Span(row, phase, start, self.now() if end is None else end, status))
 
     def mark(self, kind: str, label: str) -> None:
         with self._lock:

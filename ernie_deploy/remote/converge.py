@@ -5,8 +5,9 @@
   target directory and renamed into place, so a target file is either the old or the new version, never
   half written. Units staged but not activated are listed in the host's pending file, so a later run
   restarts them even though their files already match.
-* **activate(units)** runs `daemon-reload` once, enables, restarts or starts exactly the given units, and
-  removes the units the plan no longer has (with --prune). A later batch can be staged early, activated late.
+* **activate(units)** runs `daemon-reload` once, enables, starts exactly the given units, and removes the
+  units the plan no longer has (with --prune). A restart is a drained stop (remote/rolling.py) and then this
+  start; orchestration/cycle.py does them one instance at a time.
 
 Releases (docs/releases.md): every stage that changes a host copies the full set of managed files (all units
 and env files, env files 0600) to /var/lib/ernie-deploy/releases/ID/ with a release.json saying who made it
@@ -31,13 +32,12 @@ from ernie_deploy.planning.plantypes import HostPlan
 from ernie_deploy.planning.render import ENV_DIR, UNIT_DIR, RenderedFile
 from ernie_deploy.remote.command import Command, Op
 from ernie_deploy.remote.facts import HostFacts
-from ernie_deploy.remote.rolling import baseline_script
+from ernie_deploy.remote.rolling import audit_line, baseline_script
 from ernie_deploy.remote.state import AUDIT_LOG, PENDING_FILE, RELEASES_DIR, STAGING_DIR, STATE_DIR
 from ernie_deploy.remote.systemd import restarted_recently, up_seconds
 
 RUNNING = {"active", "activating", "reloading"}
 STARTED_MARK = "@@ernie-deploy:started "
-KILLED_MARK = "@@ernie-deploy:killed "
 RELEASE_MARK = "@@ernie-deploy:release "
 
 
@@ -222,9 +222,10 @@ def stage_command(files: list[RenderedFile], changes: Changes, audit: dict[str, 
 
 def activate_command(changes: Changes, audit: dict[str, Any],
                      gpus: dict[str, tuple[int, ...]] | None = None) -> Command:
-    """Prune, daemon-reload once, enable, restart/start exactly these units; print each new run's invocation.
-    `gpus` (unit → its GPUs): record their used memory before a unit that is not running starts (the
-    baseline the GPU release gate waits for after its next stop)."""
+    """Prune, daemon-reload once, enable, start exactly `changes.start`; print each new run's invocation.
+    A restart is a stop (remote/rolling.py, after the drain) and then this start, with the GPU release gate in
+    between, so `changes.restart` is not acted on here. `gpus` (unit → its GPUs): record their used memory
+    before each unit starts (the baseline the gate waits for after its next stop)."""
     q = shlex.quote
     lines = ["set -eu"]
     for unit in changes.prune:
@@ -241,32 +242,23 @@ def activate_command(changes: Changes, audit: dict[str, Any],
         lines.append("systemctl daemon-reload")
     if changes.enable:
         lines.append("systemctl enable -q " + " ".join(q(u) for u in changes.enable))
-    for k, unit in enumerate(changes.restart):  # the run being replaced, to tell later whether it was killed
-        lines.append(f"OLD{k}=$(systemctl show -p InvocationID --value {q(unit)})")
-    if changes.restart:
-        lines.append("systemctl restart " + " ".join(q(u) for u in changes.restart))
     for unit in changes.start:
         if gpus and gpus.get(unit):
             lines.append(baseline_script(unit, gpus[unit]))
     if changes.start:
         lines.append("systemctl start " + " ".join(q(u) for u in changes.start))
-    for unit in changes.units:
+    for unit in changes.start:
         # The new run of each unit: the readiness watch reads exactly its journal lines, and counts the
         # automatic restarts after this one.
         lines.append(f"printf '{STARTED_MARK}%s %s %s\\n' {q(unit)} "
                      f"\"$(systemctl show -p InvocationID --value {q(unit)})\" "
                      f"\"$(systemctl show -p NRestarts --value {q(unit)})\"")
-    for k, unit in enumerate(changes.restart):
-        # systemd logs this when the old process outlived TimeoutStopSec and got SIGKILL (requests were cut).
-        lines.append(f"if [ -n \"$OLD{k}\" ] && journalctl INVOCATION_ID=\"$OLD{k}\" -o cat --no-pager 2>/dev/null "
-                     f"| grep -q 'timed out. Killing'; then printf '{KILLED_MARK}%s\\n' {q(unit)}; fi")
-    if changes.units or changes.prune:
-        done = " ".join(f"-e {q(u)}" for u in changes.units + changes.prune)
+    if changes.start or changes.prune:
+        done = " ".join(f"-e {q(u)}" for u in changes.start + changes.prune)
         lines.append(f"if [ -f {PENDING_FILE} ]; then grep -vxF {done} {PENDING_FILE} > {PENDING_FILE}.new || true; "
                      f"mv -f {PENDING_FILE}.new {PENDING_FILE}; fi")
-    lines.append(f"mkdir -p {PurePosixPath(AUDIT_LOG).parent}; "
-                 f"printf '%s\\n' {q(json.dumps(audit, sort_keys=True))} >> {AUDIT_LOG}; chmod 0600 {AUDIT_LOG}")
-    return Command(Op.ACTIVATE, "\n".join(lines) + "\n", units=changes.units)
+    lines.append(audit_line(audit))
+    return Command(Op.ACTIVATE, "\n".join(lines) + "\n", units=changes.start)
 
 
 @dataclass(frozen=True)
@@ -284,11 +276,6 @@ def started_units(output: str) -> dict[str, Started]:
             if len(parts) == 3 and parts[1] and parts[2].isdigit():
                 out[parts[0]] = Started(parts[1], int(parts[2]))
     return out
-
-
-def killed_units(output: str) -> list[str]:
-    """Units whose previous process was killed with SIGKILL after TimeoutStopSec."""
-    return [line[len(KILLED_MARK):].strip() for line in output.splitlines() if line.startswith(KILLED_MARK)]
 
 
 def read_command(paths: list[str]) -> Command:

@@ -31,7 +31,7 @@ class Outcome:
     stream: bool
     ok: bool
     detail: str
-    started: float
+    started: float  # wall clock (time.time())
     ended: float
 
 
@@ -46,6 +46,12 @@ class LoadBalancer:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _threads: list[threading.Thread] = field(default_factory=list)
     _next: int = 0
+
+    def removals(self) -> list[tuple[float, str]]:
+        """(time, backend) of each time the pre-drain hook took a backend out of the rotation."""
+        path = Path(f"{self.rotation}.events")
+        events = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        return [(e["t"], e["backend"]) for e in events if e["action"] == "remove"]
 
     def backends(self) -> list[str]:
         try:
@@ -83,10 +89,10 @@ class LoadBalancer:
                 continue
             n += 1
             stream = (n + k) % 2 == 0
-            t0 = time.monotonic()
+            t0 = time.time()  # wall clock: compared with the rotation's events, written by the hook processes
             ok, detail = complete(backend, self.model, stream, 120 if stream else 24)
             with self._lock:
-                self.outcomes.append(Outcome(backend, stream, ok, detail, t0, time.monotonic()))
+                self.outcomes.append(Outcome(backend, stream, ok, detail, t0, time.time()))
 
 @dataclass
 class Sampler:
