@@ -55,7 +55,7 @@ def test_unit_shape(plan_one: Plan) -> None:
                  "EnvironmentFile=/etc/ernie-deploy/ernie-vllm-0.env"):
         assert line in text.splitlines(), line
     exec_line = next(line for line in text.splitlines() if line.startswith("ExecStart="))
-    assert exec_line.startswith("ExecStart=/opt/vllm/bin/vllm serve /models/ERNIE-4.5-0.3B-PT ")
+    assert exec_line.startswith("ExecStart=/opt/vllm/0.34.0/bin/vllm serve /models/ERNIE-4.5-0.3B-PT ")
     assert "--tensor-parallel-size 2 --max-model-len 4096" in exec_line
     assert "--shutdown-timeout 30" in exec_line
     # Secrets only in the 0600 env file.
@@ -118,7 +118,7 @@ def test_every_rendered_unit_passes_systemd_analyze_verify(tmp_path: Path, plan_
             if f.path.endswith(".service"):
                 path = tmp_path / plan.name / Path(f.path).name
                 path.parent.mkdir(exist_ok=True)
-                path.write_text(f.content.replace("/opt/vllm/bin/vllm", str(vllm)))
+                path.write_text(f.content.replace("/opt/vllm/0.34.0/bin/vllm", str(vllm)))
                 units.append(path)
     for unit in units:
         result = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)], capture_output=True, text=True,

@@ -15,7 +15,8 @@ _DESCRIPTION = (
     "The rehearsal lab: one systemd-nspawn container per simulated GPU host, each with real systemd, "
     "journald and sshd on its own loopback address (127.0.0.N:22), a simulated nvidia-smi and a simulated "
     "`vllm serve`. No GPU and no real vLLM. Needs root. State lives in ./.lab (or $ERNIE_LAB_DIR); the "
-    "root file system is cached in /var/cache/ernie-deploy (or $ERNIE_LAB_CACHE). See docs/lab.md."
+    "root file system is cached in /var/cache/ernie-deploy (or $ERNIE_LAB_CACHE). Hosts come with vLLM "
+    "installed unless booted --bare. See docs/lab.md."
 )
 
 
@@ -35,6 +36,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                    help="lab spec YAML (default: the bundled four-host lab, ernie_deploy/data/lab-default.yml)")
     p.add_argument("--inventory-out", type=Path, metavar="PATH",
                    help="where to write the Ansible inventory of the lab hosts (default: <lab dir>/inventory.yml)")
+    p.add_argument("--bare", action="store_true",
+                   help="boot every host as a freshly imaged GPU box: a driver (simulated nvidia-smi) but no vLLM, "
+                        "no service user and no model, for `ernie-deploy provision` (docs/provisioning.md)")
     p.add_argument("--json", action="store_true", help="print the lab's hosts, paths and timings as JSON")
     p.set_defaults(func=cmd_up)
 
@@ -70,6 +74,8 @@ def _state_json(state: LabState) -> dict[str, object]:
 
 def cmd_up(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
+    if args.bare:
+        spec = spec.all_bare()
     lab = _lab()
     with console.status(f"lab up: {len(spec.hosts)} hosts from {spec.source}"):
         state = lab.up(spec, inventory_out=args.inventory_out)

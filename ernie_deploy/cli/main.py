@@ -16,6 +16,7 @@ from typing import NoReturn
 
 from ernie_deploy import __version__
 from ernie_deploy.cli.lab import register as register_lab
+from ernie_deploy.cli.provision import register as register_provision
 from ernie_deploy.cli.remote import register as register_remote
 from ernie_deploy.errors import DeployError, ExitCode
 from ernie_deploy.inventory.inventory import Inventory, load_inventory
@@ -100,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_inventory)
 
     register_remote(sub, _common)
+    register_provision(sub, _common)
     register_lab(sub)
     return parser
 

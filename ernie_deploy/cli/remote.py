@@ -38,7 +38,7 @@ from ernie_deploy.remote.ssh import HostKeyPolicy, connect
 log = logging.getLogger(__name__)
 
 
-def _ssh_options(p: argparse.ArgumentParser) -> None:
+def ssh_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host-key-policy", choices=[x.value for x in HostKeyPolicy], default="strict",
                    help="strict (default): refuse unknown and changed host keys; accept-new: record unknown keys "
                         "(logged), still refuse changed ones")
@@ -48,17 +48,17 @@ def _ssh_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-f", "--forks", type=int, default=5, metavar="N", help="hosts worked on in parallel")
 
 
-def _targets(args: argparse.Namespace) -> tuple[Any, PlanContext, list[Host]]:
+def targets(args: argparse.Namespace) -> tuple[Any, PlanContext, list[Host]]:
     inventory = load_inventory(args.inventory)
     ctx = PlanContext.load(getattr(args, "table", None), base_dir=args.inventory.resolve().parent)
     return inventory, ctx, list(inventory.select(args.limit))
 
 
-def _fleet_options(args: argparse.Namespace) -> FleetOptions:
+def fleet_options(args: argparse.Namespace) -> FleetOptions:
     return FleetOptions(forks=args.forks, known_hosts=tuple(args.known_hosts))
 
 
-def _connector(args: argparse.Namespace) -> Connector:
+def connector(args: argparse.Namespace) -> Connector:
     policy = HostKeyPolicy(args.host_key_policy)
     if policy is HostKeyPolicy.ACCEPT_NEW:
         log.warning("host key policy accept-new: unknown host keys will be recorded")
@@ -78,7 +78,7 @@ def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
                                    "batch like `restart`. Exit codes: 0 ok, 2 a host failed, 4 a host "
                                    "unreachable, 6 a host's deploy lock is held, 5 bad input.")
     common(p)
-    _ssh_options(p)
+    ssh_options(p)
     p.add_argument("-C", "--check", action="store_true", help="change nothing; report what would change")
     p.add_argument("-D", "--diff", action="store_true", help="show unified diffs (secrets as [REDACTED])")
     p.add_argument("--prune", action="store_true", help="remove units of instances no longer in the plan")
@@ -104,7 +104,7 @@ def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
                                    "2 a host failed or the rollout stopped, 4 unreachable, 6 locked, 130 "
                                    "interrupted (continue with --resume).")
     common(p)
-    _ssh_options(p)
+    ssh_options(p)
     _day2_options(p)
     rollout.add_options(p, default_serial="1", rollback=False, instance=True)
     p.set_defaults(func=cmd_restart)
@@ -115,7 +115,7 @@ def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
                                    "against the restored unit files. An instance that fails goes back to what "
                                    "ran before the rollback.")
     common(p)
-    _ssh_options(p)
+    ssh_options(p)
     _day2_options(p)
     p.add_argument("--to", metavar="RELEASE", help="the release id to restore (default: the one before the current)")
     rollout.add_options(p, default_serial="1", instance=True)
@@ -125,7 +125,7 @@ def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
                        description="Read-only: each host's kept releases, oldest first, with time, who made them, "
                                    "what changed, and which one is installed now (current).")
     common(p)
-    _ssh_options(p)
+    ssh_options(p)
     p.add_argument("--json", action="store_true", help="machine-readable output (schema ernie-deploy/releases/v1)")
     p.set_defaults(func=cmd_releases)
 
@@ -135,7 +135,7 @@ def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
                                    "no fatal errors), /health, /v1/models, one small completion, and GPU balance. "
                                    "Exit codes: 0 all checks pass, 2 a check failed, 4 a host unreachable.")
     common(p)
-    _ssh_options(p)
+    ssh_options(p)
     p.add_argument("--json", action="store_true", help=f"machine-readable results (schema {RESULTS_SCHEMA})")
     p.add_argument("--junit", type=Path, metavar="FILE", help="also write JUnit XML for CI pipelines")
     p.add_argument("--playbook", type=Path, metavar="FILE",
@@ -145,7 +145,7 @@ def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
     p = sub.add_parser("facts", help="what each host really has: GPUs, NVLink, systemd, units, model, vLLM",
                        description="Gather facts in one SSH round trip per host, read-only.")
     common(p)
-    _ssh_options(p)
+    ssh_options(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_facts)
 
@@ -153,7 +153,7 @@ def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
                        description="Every deploy holds a lock directory on each host while it works. A crashed "
                                    "deploy can leave it behind: --show names its holder, --break removes it.")
     common(p)
-    _ssh_options(p)
+    ssh_options(p)
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--show", action="store_true")
     mode.add_argument("--break", dest="break_", action="store_true",
@@ -177,7 +177,7 @@ def _day2_options(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    _, ctx, hosts = _targets(args)
+    _, ctx, hosts = targets(args)
     command = "ernie-deploy deploy" + (" --check" if args.check else "")
     options = Options(check=args.check, diff=args.diff, prune=args.prune, forks=args.forks,
                       any_errors_fatal=args.any_errors_fatal, lock_wait=args.lock_wait,
@@ -185,7 +185,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
                       command=command, templates=args.templates, cycle=rollout.cycle_options(args, "deploy"),
                       rollout=rollout.rollout_options(args, "deploy", preflight=args.serial is not None))
     exp = load_playbook(args.playbook) if args.playbook else Expectations()
-    runner = Runner(ctx, _connector(args), options, expectations=exp)
+    runner = Runner(ctx, connector(args), options, expectations=exp)
     with console.HostProgress("deploy" + (" (check mode)" if args.check else "")) as progress:
         runner.fleet.progress = progress.update
         results = runner.run(hosts)
@@ -195,7 +195,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 def _finish(args: argparse.Namespace, name: str, results: list[HostResult], stopped_by: int | None,
             report: Report) -> int:
     code = exit_code(results, stopped_by)
-    _say_stopped(stopped_by)
+    say_stopped(stopped_by)
     rollout.write_timeline(args, report, f"ernie-deploy {name}")
     if args.json:
         console.print_json(document(name, results, code, check=args.check, rollout=rollout.report_json(report)))
@@ -207,7 +207,7 @@ def _finish(args: argparse.Namespace, name: str, results: list[HostResult], stop
 
 
 def _restart(args: argparse.Namespace, mode: str) -> int:
-    _, ctx, hosts = _targets(args)
+    _, ctx, hosts = targets(args)
     command = f"ernie-deploy {mode}" + (" --check" if args.check else "")
     cycle = dataclasses.replace(rollout.cycle_options(args, mode), health_timeout=args.health_timeout)
     options = RestartOptions(mode=mode, instance=args.instance, to=getattr(args, "to", None), check=args.check,
@@ -215,7 +215,7 @@ def _restart(args: argparse.Namespace, mode: str) -> int:
                              command=command, templates=args.templates, cycle=cycle,
                              rollout=rollout.rollout_options(args, mode, preflight=True))
     exp = load_playbook(args.playbook) if args.playbook else Expectations()
-    restarter = Restarter(ctx, _connector(args), options, expectations=exp)
+    restarter = Restarter(ctx, connector(args), options, expectations=exp)
     with console.HostProgress(mode + (" (check mode)" if args.check else "")) as progress:
         restarter.fleet.progress = progress.update
         results = restarter.run(hosts)
@@ -231,18 +231,18 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 
 def cmd_releases(args: argparse.Namespace) -> int:
-    _, ctx, hosts = _targets(args)
-    listed = list_releases(Fleet(_connector(args), _fleet_options(args)), ctx, hosts)
+    _, ctx, hosts = targets(args)
+    listed = list_releases(Fleet(connector(args), fleet_options(args)), ctx, hosts)
     if args.json:
         console.print_json({"schema": "ernie-deploy/releases/v1", "hosts": {
-            r.host: {"error": _error(r), "current": now,
+            r.host: {"error": host_error(r), "current": now,
                      "releases": [{"id": x.id, "time": x.time, "user": x.user, "command": x.command,
                                    "changed": list(x.changed), "files": x.files} for x in kept]}
             for r, kept, now in listed}})
     else:
         for r, kept, now in listed:
             if r.finished:
-                console.out.print(_error(r) or r.host, markup=False)
+                console.out.print(host_error(r) or r.host, markup=False)
                 continue
             console.out.print(f"{r.host}: {len(kept)} release(s) kept" + ("" if now else
                               "; the installed files match none of them"), markup=False)
@@ -255,14 +255,14 @@ def cmd_releases(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    _, ctx, hosts = _targets(args)
+    _, ctx, hosts = targets(args)
     exp = load_playbook(args.playbook) if args.playbook else Expectations()
-    verifier = Verifier(ctx, _connector(args), _fleet_options(args), expectations=exp)
+    verifier = Verifier(ctx, connector(args), fleet_options(args), expectations=exp)
     with console.HostProgress("verify") as progress:
         verifier.fleet.progress = progress.update
         results = verifier.run(hosts)
     code = exit_code(results, verifier.stopped_by)
-    _say_stopped(verifier.stopped_by)
+    say_stopped(verifier.stopped_by)
     if args.junit:
         args.junit.write_text(to_junit({r.host: r.checks or [_unreached(r)] for r in results}))
     if args.json:
@@ -273,7 +273,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return code
 
 
-def _say_stopped(signum: int | None) -> None:
+def say_stopped(signum: int | None) -> None:
     if signum is not None:
         name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
         console.err.print(f"interrupted ({name}): no new host was started, every lock taken was released; "
@@ -284,7 +284,7 @@ def _unreached(r: HostResult) -> CheckResult:
     return CheckResult("host", "fail", f"{r.status.value}: {r.message}", fix=r.hint)
 
 
-def _error(r: HostResult) -> str | None:
+def host_error(r: HostResult) -> str | None:
     return None if not r.finished else f"{r.host}: {r.message}" + (f"\n  fix: {r.hint}" if r.hint else "")
 
 
@@ -299,8 +299,8 @@ def _driver(host: Host, facts: HostFacts) -> tuple[str, DriverVerdict] | None:
 
 
 def cmd_facts(args: argparse.Namespace) -> int:
-    _, ctx, hosts = _targets(args)
-    fleet = Fleet(_connector(args), _fleet_options(args))
+    _, ctx, hosts = targets(args)
+    fleet = Fleet(connector(args), fleet_options(args))
     results = gather_facts(fleet, ctx, hosts)
     drivers = {r.host: _driver(h, f) if f else None for h, (r, f) in zip(hosts, results, strict=True)}
     if args.json:
@@ -310,13 +310,13 @@ def cmd_facts(args: argparse.Namespace) -> int:
 
         # v2: each host's driver check against the vLLM it runs or pins (docs/drivers.md).
         console.print_json({"schema": "ernie-deploy/facts/v2",
-                            "hosts": {r.host: {"facts": f.to_json() if f else None, "error": _error(r),
+                            "hosts": {r.host: {"facts": f.to_json() if f else None, "error": host_error(r),
                                                "driver_check": driver_json(r.host)}
                                       for r, f in results}})
     else:
         for r, facts in results:
             if facts is None:
-                console.out.print(_error(r) or r.host, markup=False)
+                console.out.print(host_error(r) or r.host, markup=False)
                 continue
             gpus = f"{len(facts.gpus)} × {facts.gpus[0].name} ({facts.gpus[0].memory_mib} MiB, driver " \
                    f"{facts.gpus[0].driver})" if facts.gpus else f"no GPUs ({facts.gpu_error})"
@@ -334,8 +334,8 @@ def cmd_facts(args: argparse.Namespace) -> int:
 
 
 def cmd_lock(args: argparse.Namespace) -> int:
-    _, _, hosts = _targets(args)
-    results = lock_state(Fleet(_connector(args), _fleet_options(args)), hosts, break_=args.break_, force=args.force)
+    _, _, hosts = targets(args)
+    results = lock_state(Fleet(connector(args), fleet_options(args)), hosts, break_=args.break_, force=args.force)
     for r, state in results:
-        console.out.print(f"{r.host}: {_error(r) or state}", markup=False)
+        console.out.print(f"{r.host}: {host_error(r) or state}", markup=False)
     return exit_code([r for r, _ in results])

@@ -14,7 +14,6 @@ import yaml
 from ernie_deploy.lab.spec import HostSpec
 
 LAB_MODEL = "/models/ERNIE-4.5-0.3B-PT"
-LAB_VLLM_BIN = "/opt/vllm/bin/vllm"
 
 
 def ensure_key(path: Path) -> str:
@@ -36,8 +35,11 @@ def write_known_hosts(path: Path, host_keys: dict[str, str]) -> None:
 LAB_STABLE_SECONDS = 2
 
 
-def inventory(hosts: Sequence[HostSpec], key: Path, known_hosts: Path) -> dict[str, Any]:
-    """An Ansible YAML inventory: `all: children: lab: hosts:` plus the group vars deploy code reads."""
+def inventory(hosts: Sequence[HostSpec], key: Path, known_hosts: Path, wheelhouse: Path,
+              model_source: Path) -> dict[str, Any]:
+    """An Ansible YAML inventory: `all: children: lab: hosts:` plus the group vars deploy and provisioning
+    read. Each host pins the vLLM version it has installed (or, bare, is to get); `vllm_bin` is left to its
+    per-version default, as on a provisioned box."""
     return {
         "all": {
             "children": {
@@ -45,7 +47,7 @@ def inventory(hosts: Sequence[HostSpec], key: Path, known_hosts: Path) -> dict[s
                     "hosts": {
                         # Lab hosts share this machine's network, so each vLLM binds its own address.
                         h.name: {"ansible_host": h.address, "gpu_model": h.gpu_model, "gpu_count": h.gpu_count,
-                                 "vllm_host": h.address}
+                                 "vllm_host": h.address, "vllm_version": h.installed_version}
                         for h in hosts
                     },
                     "vars": {
@@ -54,7 +56,10 @@ def inventory(hosts: Sequence[HostSpec], key: Path, known_hosts: Path) -> dict[s
                         "ansible_ssh_private_key_file": str(key),
                         "ernie_known_hosts": str(known_hosts),
                         "vllm_model": LAB_MODEL,
-                        "vllm_bin": LAB_VLLM_BIN,
+                        # What `provision` installs from: the simulator wheels and a model directory on this
+                        # machine, both copied over SSH (the air-gapped path).
+                        "vllm_pip_find_links": str(wheelhouse),
+                        "vllm_model_source": str(model_source),
                         # The simulated vLLM loads in seconds; a short stability window keeps rehearsals quick.
                         "vllm_stable_seconds": LAB_STABLE_SECONDS,
                     },

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ernie_deploy.errors import DeployError
-from ernie_deploy.lab import access, containers, machine, rootfs
+from ernie_deploy.lab import access, containers, machine, rootfs, sources
 from ernie_deploy.lab.spec import LabSpec, load_spec
 from ernie_deploy.lab.state import HostState, LabState, load_state, state_dir
 
@@ -90,6 +90,7 @@ class Lab:
                 # The one thing refreshed in place: simulator edits reach running hosts without a reboot.
                 for h in previous.hosts:
                     machine.install_simulators(h.root)
+                sources.wheelhouse(self.dir, spec)
                 self.progress(f"the lab is already running ({len(previous.hosts)} hosts); "
                               "simulators refreshed, nothing else to do")
                 if inventory_out is not None and Path(previous.inventory) != inventory_out.resolve():
@@ -180,7 +181,9 @@ class Lab:
         return time.monotonic() - boot_started
 
     def _write_inventory(self, state: LabState, spec: LabSpec, path: Path) -> None:
-        access.write_inventory(path, access.inventory(spec.hosts, Path(state.key), Path(state.known_hosts)))
+        sources.wheelhouse(self.dir, spec)
+        access.write_inventory(path, access.inventory(spec.hosts, Path(state.key), Path(state.known_hosts),
+                                                      self.dir / "wheelhouse", sources.model_source(self.dir)))
         state.inventory = str(path)
 
     # -- leftovers -------------------------------------------------------------------------------------
@@ -244,7 +247,8 @@ class Lab:
         inventory = Path(state.inventory) if state.inventory else None
         if inventory is not None and inventory.is_file() and not inventory.is_relative_to(directory):
             inventory.unlink()
-        for name in ("state.json", "known_hosts", "inventory.yml", "id_ed25519", "id_ed25519.pub", "machines"):
+        for name in ("state.json", "known_hosts", "inventory.yml", "id_ed25519", "id_ed25519.pub", "machines",
+                     "wheelhouse", "model-source"):
             p = directory / name
             if p.is_dir():
                 shutil.rmtree(p)

@@ -11,12 +11,11 @@ import uuid
 from pathlib import Path
 
 from ernie_deploy.errors import DeployError
-from ernie_deploy.lab import mounts
+from ernie_deploy.lab import mounts, wheel
 from ernie_deploy.lab.spec import HostSpec
 
-PACKAGE_DIR = Path(__file__).resolve().parent.parent
-SIM_DIR = PACKAGE_DIR / "lab" / "sim"
-MODELS_DIR = PACKAGE_DIR / "data" / "models"
+SIM_DIR = wheel.SIM_DIR
+MODELS_DIR = wheel.PACKAGE_DIR / "data" / "models"
 _MACHINE_ID_NAMESPACE = uuid.UUID("0b7d5a8e-3d43-4f0c-8a51-6b5f1c2a9e10")
 
 
@@ -79,17 +78,30 @@ def provision(root: Path, host: HostSpec, lab_public_key: str) -> str:
     lab_etc = root / "etc/ernie-lab"
     lab_etc.mkdir(parents=True, exist_ok=True)
     _write(lab_etc / "gpus.json", json.dumps(host.gpus_json(), indent=2) + "\n")
-    for name, content in (("vllm_version", host.vllm_version and host.vllm_version + "\n"),
-                          ("faults.json", host.faults is not None and json.dumps(host.faults, indent=2) + "\n")):
-        if content:
-            _write(lab_etc / name, content)
-        else:
-            (lab_etc / name).unlink(missing_ok=True)
+    if host.faults is not None:
+        _write(lab_etc / "faults.json", json.dumps(host.faults, indent=2) + "\n")
+    else:
+        (lab_etc / "faults.json").unlink(missing_ok=True)
 
-    install_models(root)
     install_simulators(root)
+    if not host.bare:
+        install_vllm(root, host.installed_version)
     key_type, key_data = key.with_suffix(".pub").read_text().split()[:2]
     return f"{key_type} {key_data}"
+
+
+def venv_dir(version: str) -> str:
+    """Where a lab host has vLLM `version` installed: the planner's default per-version venv path."""
+    return f"/opt/vllm/{version}"
+
+
+def install_vllm(root: Path, version: str) -> None:
+    """What an operator's hand-made install leaves: the service user, vLLM `version` in its venv and the
+    bundled model configs (no weights), none of it recorded by provisioning."""
+    _run(["useradd", "--root", str(root), "--system", "--user-group", "--home-dir", "/var/lib/vllm",
+          "--create-home", "--shell", "/usr/sbin/nologin", "vllm"])
+    wheel.install_venv(root, venv_dir(version), version)
+    install_models(root)
 
 
 def install_models(root: Path) -> None:
@@ -100,19 +112,20 @@ def install_models(root: Path) -> None:
         shutil.copy2(model / "config.json", target / "config.json")
 
 
-SIM_PACKAGE = "ernie_lab_sim"  # the simulator package's name inside a lab host
 SIM_LIB = "/opt/ernie-lab/lib"
-ENTRY_POINTS = {"opt/vllm/bin/vllm": "vllm_sim", "usr/bin/nvidia-smi": "nvidia_smi"}
+# The driver's tool; vLLM itself is a package in a venv (see wheel.py).
+ENTRY_POINTS = {"usr/bin/nvidia-smi": "nvidia_smi"}
 
 
 def entry_script(module: str) -> str:
     """A command that runs one simulator module with the host's python3, the way a console script would."""
-    return f'#!/bin/sh\nPYTHONPATH={SIM_LIB} exec python3 -m {SIM_PACKAGE}.{module} "$@"\n'
+    return f'#!/bin/sh\nPYTHONPATH={SIM_LIB} exec python3 -m {wheel.SIM_PACKAGE}.{module} "$@"\n'
 
 
 def install_simulators(root: Path) -> None:
-    """The simulator package as it is in the source tree right now, so a sim edit needs only a new `lab up`."""
-    target = root / SIM_LIB.lstrip("/") / SIM_PACKAGE
+    """The simulator package as it is in the source tree right now, so a sim edit needs only a new `lab up`:
+    nvidia-smi's copy, and the copy inside every simulator venv on the host."""
+    target = root / SIM_LIB.lstrip("/") / wheel.SIM_PACKAGE
     if target.exists():
         shutil.rmtree(target)
     shutil.copytree(SIM_DIR, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.md"))
@@ -123,6 +136,13 @@ def install_simulators(root: Path) -> None:
             script.unlink()
         script.write_text(entry_script(module))
         script.chmod(0o755)
+    wheel.refresh_venvs(root)
+
+
+def _run(cmd: list[str]) -> None:
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise DeployError(f"{' '.join(cmd)} failed: {result.stderr.strip()}")
 
 
 def _write(path: Path, text: str) -> None:

@@ -24,12 +24,13 @@ from ernie_deploy.lab import mounts
 
 SUITE = "bookworm"
 # Everything a simulated GPU host needs: an init (systemd), a login path (sshd, sudo), the simulators'
-# runtime (python3) and the tools deploy code and tests reach for (ip, ps, pkill).
+# runtime (python3), what provisioning needs to install vLLM (python3-venv, which brings pip's wheel for
+# ensurepip) and the tools deploy code and tests reach for (ip, ps, pkill).
 PACKAGES = (
-    "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "iproute2", "procps", "sudo",
+    "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv", "iproute2", "procps", "sudo",
 )
 # Bump when _customize changes so an old cached tree is not reused.
-ROOTFS_VERSION = 1
+ROOTFS_VERSION = 2
 DEFAULT_CACHE = Path("/var/cache/ernie-deploy")
 # Units that make no sense in a container sharing the host network and disk: periodic apt/fstrim jobs
 # would reach the network or the host's disks, a getty on tty1 never finds a terminal.
@@ -200,9 +201,8 @@ def _run(cmd: list[str]) -> None:
 
 
 def _customize(root: Path) -> None:
-    """Everything every host shares: users, sudo, sshd policy, masked units, no baked-in identity."""
-    _run(["useradd", "--root", str(root), "--system", "--user-group", "--home-dir", "/var/lib/vllm",
-          "--create-home", "--shell", "/usr/sbin/nologin", "vllm"])
+    """Everything every host shares: the login user, sudo, sshd policy, masked units, no baked-in identity.
+    The service user is not here: a bare host gets it from provisioning, a ready one from machine.py."""
     _run(["useradd", "--root", str(root), "--user-group", "--create-home", "--shell", "/bin/bash", "deploy"])
     sudoers = root / "etc/sudoers.d/deploy"
     sudoers.write_text("deploy ALL=(ALL) NOPASSWD:ALL\n")
@@ -225,7 +225,7 @@ def _customize(root: Path) -> None:
     (root / "etc/tmpfiles.d/ernie-lab.conf").write_text(
         "# Simulated GPU memory bookkeeping; any service user may hold GPU memory, as on real hosts.\n"
         "d /run/ernie-lab 0755 root root -\n"
-        "d /run/ernie-lab/gpu 0777 vllm vllm -\n"
+        "d /run/ernie-lab/gpu 0777 root root -\n"
     )
     # An empty machine-id makes systemd treat each boot as a first boot; the host's own id is set per host.
     (root / "etc/machine-id").write_text("")

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from ernie_deploy.errors import DeployError
+from ernie_deploy.planning.versions import version_facts
 
 DEFAULT_SPEC = Path(__file__).resolve().parent.parent / "data" / "lab-default.yml"
 
@@ -29,15 +30,16 @@ GPU_MEMORY_MIB: dict[str, int] = {
     "NVIDIA A100 80GB PCIe": 81920,
 }
 
-DEFAULT_DRIVER_VERSION = "550.127.05"
-DEFAULT_CUDA_VERSION = "12.4"
+# A driver new enough for every vLLM release in docs/drivers.md (0.34.0 needs 580.65.06, CUDA 13.0).
+DEFAULT_DRIVER_VERSION = "580.95.05"
+DEFAULT_CUDA_VERSION = "13.0"
 DEFAULT_FIRST_ADDRESS = "127.0.0.11"
 # Fixed namespace so a host's GPU UUIDs are the same on every lab boot (tests and inventories can pin them).
 _GPU_UUID_NAMESPACE = uuid.UUID("6f1f3c2e-6c8a-4c1e-9a55-0e4e1ab0c0de")
 _HOST_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$")
 _HOST_KEYS = {
     "name", "count", "gpu_model", "gpu_count", "gpu_memory_mib", "nvlink",
-    "vllm_version", "faults", "driver_version", "cuda_version",
+    "vllm_version", "faults", "driver_version", "cuda_version", "bare",
 }
 _TOP_KEYS = {"hosts", "first_address", "defaults"}
 MAX_HOSTS = 200
@@ -73,6 +75,12 @@ class HostSpec:
     faults: dict[str, Any] | None = None
     driver_version: str = DEFAULT_DRIVER_VERSION
     cuda_version: str = DEFAULT_CUDA_VERSION
+    bare: bool = False  # booted without vLLM, the service user and models: a box for `provision`
+
+    @property
+    def installed_version(self) -> str:
+        """The vLLM version a non-bare host has installed (and the lab inventory pins)."""
+        return self.vllm_version or version_facts().default
 
     @property
     def gpus(self) -> list[GPU]:
@@ -101,6 +109,10 @@ class HostSpec:
 class LabSpec:
     source: str
     hosts: tuple[HostSpec, ...] = field(default_factory=tuple)
+
+    def all_bare(self) -> LabSpec:
+        """The same hosts booted bare: no vLLM, no service user, no models (`lab up --bare`)."""
+        return replace(self, hosts=tuple(replace(h, bare=True) for h in self.hosts))
 
     def host(self, name: str) -> HostSpec:
         for h in self.hosts:
@@ -223,6 +235,9 @@ def _parse_host(raw: dict[str, Any], key: str, replica: int | None, fail: Any) -
     nvlink = raw.get("nvlink", False)
     if not isinstance(nvlink, bool):
         raise fail(f"{key}.nvlink", "must be true or false")
+    bare = raw.get("bare", False)
+    if not isinstance(bare, bool):
+        raise fail(f"{key}.bare", "must be true or false")
 
     strings: dict[str, str | None] = {}
     for k in ("vllm_version", "driver_version", "cuda_version"):
@@ -245,4 +260,5 @@ def _parse_host(raw: dict[str, Any], key: str, replica: int | None, fail: Any) -
         faults=faults,
         driver_version=strings["driver_version"] or DEFAULT_DRIVER_VERSION,
         cuda_version=strings["cuda_version"] or DEFAULT_CUDA_VERSION,
+        bare=bare,
     )

@@ -19,6 +19,7 @@ from ernie_deploy.planning.plan import PlanContext, plan_host
 from ernie_deploy.planning.plantypes import Discovered, HostPlan
 from ernie_deploy.planning.render import RenderedFile, render_host
 from ernie_deploy.remote import converge, lock
+from ernie_deploy.remote.command import Op
 from ernie_deploy.remote.facts import HostFacts, gather_command, parse_facts
 from ernie_deploy.remote.ssh import Failure, RemoteError
 
@@ -64,7 +65,7 @@ def take(fleet: Fleet, run: HostRun, ctx: PlanContext, templates: jinja2.Environ
     fleet.progress(host.name, "gathering facts")
     gather = gather_command(pre.model_path, pre.bin, str(pre.settings["user"].value))
     with fleet.step(run, "facts" if opts.lock is None else "lock + facts"):
-        text = session.run(gather).text if opts.lock is None else _lock_and_gather(fleet, run, opts, gather.script)
+        text = session.run(gather).text if opts.lock is None else lock_and_gather(fleet, run, opts, gather.script)
     facts = parse_facts(text)
     with fleet.step(run, "plan") as step:
         plan = plan_host(host, ctx, discovered(facts))
@@ -104,14 +105,15 @@ def refresh(fleet: Fleet, run: HostRun, snap: Snapshot, prune: bool) -> Snapshot
     return Snapshot(snap.plan, facts, snap.files, changes, time.monotonic())
 
 
-def _lock_and_gather(fleet: Fleet, run: HostRun, opts: SnapshotOptions, gather: str) -> str:
+def lock_and_gather(fleet: Fleet, run: HostRun, opts: SnapshotOptions, gather: str,
+                    op: Op = Op.LOCK_FACTS) -> str:
     """Take the lock and gather facts in one round trip; with --lock-wait retry the same atomic step."""
     assert run.session is not None and opts.lock is not None
     host = run.host.name
     deadline = time.monotonic() + opts.lock_wait
     delay = 1.0
     while True:
-        r = run.session.run(lock.acquire_command(opts.lock, gather))
+        r = run.session.run(lock.acquire_command(opts.lock, gather, op))
         if r.code == 0:
             run.lock_token = opts.lock.token
             return r.text

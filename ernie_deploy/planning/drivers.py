@@ -87,6 +87,12 @@ def _text(entry: Mapping[str, Any], key: str, where: str, path: str) -> str:
     return str(value)
 
 
+def releases() -> list[str]:
+    """The vLLM releases the table has a row for, oldest first."""
+    rows, _ = _table()
+    return [rows[v][0] for v in sorted(rows)]
+
+
 def need(vllm: str) -> DriverNeed | None:
     """What `vllm` needs, from its row or the nearest lower one (CUDA requirements only rose from row to row, so
     that can understate, never overstate); None below the lowest row."""

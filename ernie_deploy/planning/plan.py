@@ -17,7 +17,7 @@ from ernie_deploy.planning.models import ModelSpec, bundled_model, load_model, s
 from ernie_deploy.planning.plantypes import Discovered, HostPlan, InstancePlan
 from ernie_deploy.planning.recommend import Row, Table, load_table
 from ernie_deploy.planning.render import unsafe_values
-from ernie_deploy.planning.settings import DEFAULTS, Setting, host_secrets, inventory_settings
+from ernie_deploy.planning.settings import DEFAULTS, Setting, host_secrets, inventory_settings, venv_bin
 from ernie_deploy.planning.validate import check_instance, check_sharing, memory_for
 from ernie_deploy.planning.versions import parse_version, version_facts
 
@@ -60,6 +60,15 @@ class PlanContext:
                                       hint="set vllm_model_config to a local copy of the model's config.json")
                 self._models[key] = spec
         return self._models[key]
+
+
+def _source_config(ctx: PlanContext, source: Any) -> str | None:
+    """A local vllm_model_source with a config.json plans the model before provisioning has copied it."""
+    if not isinstance(source, str) or source.startswith("hf://"):
+        return None
+    path = Path(source).expanduser()
+    path = path if path.is_absolute() else ctx.base_dir / path
+    return str(path) if (path / "config.json").is_file() else None
 
 
 def _resolve(layers: list[tuple[str, Mapping[str, Any]]]) -> dict[str, Setting]:
@@ -157,7 +166,8 @@ def _plan_host(host: HostLike, ctx: PlanContext, discovered: Discovered | None) 
     model_path = str(base["model"])
     if discovered is not None and discovered.model_config is None:
         raise DeployError(f"no readable config.json under {model_path} on the host: {discovered.model_error}",
-                          where=where, hint="put the model there (or set vllm_model to where it is)")
+                          where=where, hint="set vllm_model_source and run `ernie-deploy provision --limit "
+                                            f"{host.name}`, or set vllm_model to where the model is")
     if discovered is not None and discovered.model_readable is False:
         # Facts are read as root; vLLM runs as vllm_user and would fail to open the file.
         raise DeployError(f"{model_path.rstrip('/')}/config.json is not readable by vllm_user "
@@ -168,7 +178,8 @@ def _plan_host(host: HostLike, ctx: PlanContext, discovered: Discovered | None) 
         model = spec_from_config(discovered.model_config, posixpath.basename(model_path.rstrip("/")),
                                  f"{where}:{model_path.rstrip('/')}/config.json")
     else:
-        model = ctx.model(model_path, base.get("model_config"), where)
+        model = ctx.model(model_path, base.get("model_config") or _source_config(ctx, base.get("model_source")),
+                          where)
     fallback: dict[str, Any] = {}
     if row is None:
         if not base.get("allow_fallback"):
@@ -187,13 +198,19 @@ def _plan_host(host: HostLike, ctx: PlanContext, discovered: Discovered | None) 
         return settings[name].value if name in settings else default
 
     version_text = str(value("version") or version_facts().default)
+    if "bin" not in settings:
+        # One venv per version, so a version change is a unit change (docs/provisioning.md).
+        settings["bin"] = Setting(venv_bin(version_text), f"default for vLLM {version_text}")
     if discovered is not None:
         if discovered.vllm_version is None:
-            raise DeployError(f"{value('bin')} --version failed on the host: {discovered.vllm_error}", where=where,
-                              hint="install vLLM there or set vllm_bin to its path")
+            raise DeployError(f"no vLLM at {value('bin')} on the host: {discovered.vllm_error}", where=where,
+                              hint=f"install it with `ernie-deploy provision --limit {host.name}`, or set "
+                                   "vllm_bin to where it is")
         if "version" in inv and parse_version(str(inv["version"])) != parse_version(discovered.vllm_version):
-            raise DeployError(f"vllm_version pins {inv['version']}, but the host runs vLLM {discovered.vllm_version}",
-                              where=where, hint="upgrade vLLM on the host, or change vllm_version")
+            raise DeployError(f"vllm_version pins {inv['version']}, but {value('bin')} is vLLM "
+                              f"{discovered.vllm_version}", where=where,
+                              hint=f"install the pinned version with `ernie-deploy provision --limit {host.name}`, "
+                                   "or change vllm_version")
         version_text = discovered.vllm_version
     version = parse_version(version_text, f"{where}: vllm_version")
     instances = _instances(host, ctx, model, gpu, gpu_count, value, settings)

@@ -70,6 +70,11 @@ SETTING_TYPES: dict[str, SettingType] = {
     "stable_seconds": SettingType((int, float)),
     "allow_fallback": SettingType(bool),
     "api_key": SettingType(str, secret=True),
+    # Provisioning (docs/provisioning.md): where vLLM and the model come from.
+    "pip_index_url": SettingType(str, secret=True),  # may carry index credentials
+    "pip_find_links": SettingType(str),
+    "install_os_packages": SettingType(bool),
+    "model_source": SettingType(str),
 }
 # Secrets whose inventory name does not follow the vllm_ prefix.
 SECRET_VARS = {"hf_token": "hf_token"}
@@ -78,7 +83,6 @@ DEFAULTS: dict[str, Any] = {
     "instances": 1,
     "share_gpus": False,
     "model": "/models/ERNIE-4.5-0.3B-PT",
-    "bin": "/opt/vllm/bin/vllm",
     "extra_args": [],
     "user": "vllm",
     "env": {},
@@ -93,6 +97,19 @@ DEFAULTS: dict[str, Any] = {
     "stable_seconds": 10,
     "allow_fallback": False,
 }
+
+
+VENV_ROOT = "/opt/vllm"
+
+
+def venv_dir(version: str) -> str:
+    """The venv provisioning installs vLLM `version` into."""
+    return f"{VENV_ROOT}/{version}"
+
+
+def venv_bin(version: str) -> str:
+    """vllm_bin's default: the console script of the per-version venv."""
+    return f"{venv_dir(version)}/bin/vllm"
 
 
 @dataclass(frozen=True)

@@ -143,7 +143,7 @@ class HostFacts:
         }
 
 
-def _sections(text: str) -> dict[str, str]:
+def sections(text: str) -> dict[str, str]:
     out: dict[str, str] = {}
     name = None
     lines: list[str] = []
@@ -157,7 +157,7 @@ def _sections(text: str) -> dict[str, str]:
     return out
 
 
-def _rc(body: str) -> tuple[str, int]:
+def split_rc(body: str) -> tuple[str, int]:
     """Split off the trailing `rc=N` line the script adds after commands whose failure is a fact."""
     lines = body.rstrip("\n").splitlines()
     if lines and lines[-1].startswith("rc="):
@@ -166,7 +166,7 @@ def _rc(body: str) -> tuple[str, int]:
 
 
 def parse_gpus(body: str) -> tuple[tuple[GpuFact, ...], str | None]:
-    text, rc = _rc(body)
+    text, rc = split_rc(body)
     if rc != 0:
         return (), text.splitlines()[-1] if text else f"nvidia-smi exited {rc}"
     what = "nvidia-smi --query-gpu"
@@ -195,10 +195,10 @@ def parse_topology(body: str) -> bool | None:
 
 
 def parse_facts(text: str) -> HostFacts:
-    s = _sections(text)
+    s = sections(text)
     gpus, gpu_error = parse_gpus(s.get("gpus", "rc=127"))
     files = _hashes(s.get("files", ""))
-    model_text, model_rc = _rc(s.get("model", "rc=1"))
+    model_text, model_rc = split_rc(s.get("model", "rc=1"))
     model_config, model_error = None, None
     if model_rc == 0:
         try:
@@ -207,7 +207,7 @@ def parse_facts(text: str) -> HostFacts:
             model_error = f"config.json is not valid JSON: {exc.msg} (line {exc.lineno})"
     else:
         model_error = model_text.splitlines()[-1] if model_text else "config.json not readable"
-    vllm_text, vllm_rc = _rc(s.get("vllm", "rc=127"))
+    vllm_text, vllm_rc = split_rc(s.get("vllm", "rc=127"))
     version = None
     if vllm_rc == 0:
         found = re.search(r"(\d+\.\d+(?:\.\d+)*)", vllm_text)

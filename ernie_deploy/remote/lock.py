@@ -85,9 +85,9 @@ def release_script(token: str) -> str:
     return f"if grep -q {q(token)} {LOCK_DIR}/info 2>/dev/null; then rm -rf {LOCK_DIR}; fi"
 
 
-def acquire_command(info: LockInfo, then: str) -> Command:
+def acquire_command(info: LockInfo, then: str, op: Op = Op.LOCK_FACTS) -> Command:
     """Take the lock and run `then` (the facts script) in the same round trip."""
-    return Command(Op.LOCK_FACTS, acquire_script(info) + then, check=False)
+    return Command(op, acquire_script(info) + then, check=False)
 
 
 def release_command(token: str) -> Command:

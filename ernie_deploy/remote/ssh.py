@@ -162,6 +162,8 @@ class Session:
             chan_in, chan_out, chan_err = self.connection.client.exec_command(command, timeout=cmd.timeout)
             if cmd.stdin:
                 chan_in.write(cmd.stdin)
+            for chunk in cmd.stream or ():
+                chan_in.write(chunk)
             chan_in.channel.shutdown_write()
             out = chan_out.read()
             err = chan_err.read()

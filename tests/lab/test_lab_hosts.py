@@ -41,15 +41,19 @@ def test_inventory_describes_the_lab(lab_state: LabState) -> None:
     group = inventory["all"]["children"]["lab"]
     assert group["hosts"] == {
         h.name: {"ansible_host": h.address, "gpu_model": h.gpu_model, "gpu_count": h.gpu_count,
-                 "vllm_host": h.address} for h in SPEC.hosts
+                 "vllm_host": h.address, "vllm_version": "0.34.0"} for h in SPEC.hosts
     }
     assert group["hosts"]["a100-2"] == {"ansible_host": "127.0.0.14", "gpu_model": "NVIDIA A100-SXM4-80GB",
-                                        "gpu_count": 2, "vllm_host": "127.0.0.14"}
+                                        "gpu_count": 2, "vllm_host": "127.0.0.14", "vllm_version": "0.34.0"}
+    lab_dir = Path(lab_state.dir)
     assert group["vars"] == {
         "ansible_user": "root", "ansible_port": 22, "ansible_ssh_private_key_file": lab_state.key,
         "ernie_known_hosts": lab_state.known_hosts, "vllm_model": "/models/ERNIE-4.5-0.3B-PT",
-        "vllm_bin": "/opt/vllm/bin/vllm", "vllm_stable_seconds": 2,
+        "vllm_pip_find_links": str(lab_dir / "wheelhouse"),
+        "vllm_model_source": str(lab_dir / "model-source/ERNIE-4.5-0.3B-PT"), "vllm_stable_seconds": 2,
     }
+    assert (lab_dir / "wheelhouse/vllm-0.34.0-py3-none-any.whl").is_file()
+    assert (lab_dir / "model-source/ERNIE-4.5-0.3B-PT/config.json").is_file()
     assert Path(lab_state.key).stat().st_mode & 0o777 == 0o600
 
 

@@ -26,8 +26,8 @@ def test_default_spec_is_the_guides_hardware_table() -> None:
 def test_gpus_json_shape() -> None:
     host = load_spec().host("a100-2")
     assert host.gpus_json() == {
-        "driver_version": "550.127.05",
-        "cuda_version": "12.4",
+        "driver_version": "580.95.05",
+        "cuda_version": "13.0",
         "nvlink": True,
         "gpus": [
             {"index": 0, "name": "NVIDIA A100-SXM4-80GB", "uuid": gpu_uuid("a100-2", 0),
@@ -117,10 +117,14 @@ def test_cache_key_follows_its_inputs(monkeypatch: pytest.MonkeyPatch, tmp_path:
 
 def test_inventory_shape(tmp_path: Path) -> None:
     spec = load_spec()
-    data = access.inventory(spec.hosts, tmp_path / "id_ed25519", tmp_path / "known_hosts")
+    data = access.inventory(spec.hosts, tmp_path / "id_ed25519", tmp_path / "known_hosts", tmp_path / "wheels",
+                            tmp_path / "model")
     lab = data["all"]["children"]["lab"]
     assert lab["hosts"]["a10-4"] == {"ansible_host": "127.0.0.13", "gpu_model": "NVIDIA A10", "gpu_count": 4,
-                                  "vllm_host": "127.0.0.13"}
+                                  "vllm_host": "127.0.0.13", "vllm_version": "0.34.0"}
+    assert lab["vars"]["vllm_pip_find_links"] == str(tmp_path / "wheels")
+    assert lab["vars"]["vllm_model_source"] == str(tmp_path / "model")
+    assert "vllm_bin" not in lab["vars"]
     assert lab["vars"]["ansible_ssh_private_key_file"] == str(tmp_path / "id_ed25519")
     assert lab["vars"]["ernie_known_hosts"] == str(tmp_path / "known_hosts")
     assert lab["vars"]["vllm_stable_seconds"] == 2  # short windows for a simulator that loads in seconds

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib.metadata
 import os
 import signal
 import socket
@@ -18,6 +19,7 @@ import threading
 import time
 from argparse import Namespace
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from . import simstate
@@ -80,6 +82,12 @@ FORCED_FAULTS = (
 
 
 def claimed_version() -> str:
+    """The version of the `vllm` package this simulator is installed as (its real metadata, as on a lab
+    host); run from a source tree (tests), `$ERNIE_LAB_ROOT/etc/ernie-lab/vllm_version`, else the default."""
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+        dist = importlib.metadata.distribution("vllm")
+        if Path(str(dist.locate_file(__package__ or "-"))).resolve() == Path(__file__).resolve().parent:
+            return dist.version
     try:
         text = simstate.version_path().read_text().strip()
     except FileNotFoundError:

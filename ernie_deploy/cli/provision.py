@@ -1,0 +1,93 @@
+"""`ernie-deploy provision`: thin: options, run the provisioner, print per-host results, exit code."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import replace
+from typing import Any
+
+from ernie_deploy.cli.remote import connector, fleet_options, host_error, say_stopped, ssh_options, targets
+from ernie_deploy.errors import DeployError
+from ernie_deploy.orchestration.fleet import Fleet
+from ernie_deploy.orchestration.provision import Provisioner, ProvisionOptions, Report
+from ernie_deploy.orchestration.results import exit_code
+from ernie_deploy.output import console
+
+SCHEMA = "ernie-deploy/provision/v1"
+_RATE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMG]?)(?:i?B)?(?:/s)?", re.IGNORECASE)
+
+
+def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
+    p = sub.add_parser("provision", help="make bare GPU hosts ready: driver check, service user, pinned vLLM, model",
+                       description="Per host, in order: check the NVIDIA driver against what the pinned vLLM "
+                                   "needs (a too old one fails the host before anything is installed); create "
+                                   "vllm_user; check python3-venv (install it only with "
+                                   "vllm_install_os_packages); install vLLM vllm_version into its own venv "
+                                   "(/opt/vllm/VERSION) from the host's index, vllm_pip_index_url or a "
+                                   "wheelhouse (vllm_pip_find_links) copied over; remove venvs no unit or "
+                                   "kept release runs; copy the model from vllm_model_source (a directory "
+                                   "here: only changed files, resumable, switched in whole; or "
+                                   "hf://ORG/NAME@REVISION, downloaded on the host). Idempotent: a second run "
+                                   "reads one probe per host and changes nothing. It never installs drivers "
+                                   "or CUDA and never restarts an instance (`deploy` does). See "
+                                   "docs/provisioning.md. Exit codes: 0 ok, 2 a host failed, 4 unreachable, "
+                                   "6 locked, 130 interrupted (run it again to resume).")
+    common(p)
+    ssh_options(p)
+    p.add_argument("-C", "--check", action="store_true", help="change nothing (no lock taken); say what would change")
+    p.add_argument("--verify-files", action="store_true",
+                   help="re-hash the model files on the host instead of trusting the recorded manifest "
+                        "(sizes and mtimes); replaces any that differ")
+    p.add_argument("--bwlimit", metavar="RATE",
+                   help="at most RATE per copy stream, e.g. 50M (bytes/s; K, M, G suffixes), to spare a busy "
+                        "uplink")
+    p.add_argument("--lock-wait", type=float, default=0.0, metavar="S", help="wait up to S seconds for a held lock")
+    p.add_argument("--any-errors-fatal", action="store_true", help="stop touching other hosts after a failure")
+    p.add_argument("--json", action="store_true", help=f"machine-readable results (schema {SCHEMA})")
+    p.set_defaults(func=cmd_provision)
+
+
+def parse_rate(text: str | None) -> float | None:
+    if text is None:
+        return None
+    found = _RATE.fullmatch(text.strip())
+    if found is None or float(found[1]) <= 0:
+        raise DeployError(f"--bwlimit {text!r} is not a rate", hint="e.g. 500K, 50M or 1G (bytes per second)")
+    return float(found[1]) * {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}[found[2].upper()]
+
+
+def cmd_provision(args: argparse.Namespace) -> int:
+    rate = parse_rate(args.bwlimit)
+    _, ctx, hosts = targets(args)
+    command = "ernie-deploy provision" + (" --check" if args.check else "")
+    options = ProvisionOptions(base_dir=args.inventory.resolve().parent, check=args.check,
+                               verify_files=args.verify_files, rate=rate, lock_wait=args.lock_wait, command=command)
+    fleet = Fleet(connector(args), replace(fleet_options(args), any_errors_fatal=args.any_errors_fatal))
+    provisioner = Provisioner(ctx, options, fleet)
+    with console.HostProgress("provision" + (" (check mode)" if args.check else "")) as progress:
+        fleet.progress = progress.update
+        runs = provisioner.run(hosts)
+    results = [r.result for r in runs]
+    code = exit_code(results, fleet.signal)
+    say_stopped(fleet.signal)
+    reports = {r.host.name: r.data.get("provision") or Report() for r in runs}
+    if args.json:
+        console.print_json({"schema": SCHEMA, "check": args.check, "exit_code": code, "hosts": {
+            r.host: {"status": r.status.value, "error": r.message or None, "hint": r.hint,
+                     "commands": r.commands, "seconds": round(r.seconds, 3), **reports[r.host].to_json()}
+            for r in results}})
+        return code
+    for r in results:
+        console.out.print(f"{r.host}: {r.status.value}", markup=False, highlight=False)
+        for a in reports[r.host].actions:
+            console.out.print(f"    {a['step']}: {a['status']}: {a['detail']}", markup=False, highlight=False)
+        error = host_error(r)
+        if error:
+            console.out.print(f"    {error}", markup=False, highlight=False)
+    console.out.print("\nRECAP", markup=False)
+    for r in results:
+        changed = sum(1 for a in reports[r.host].actions if a["status"] in ("changed", "would change"))
+        console.out.print(f"{r.host:<26} : {r.status.value:<12} changed={changed:<3} commands={r.commands}",
+                          markup=False, highlight=False)
+    return code

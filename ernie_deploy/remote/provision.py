@@ -1,0 +1,132 @@
+"""Provisioning's host side: one probe script (the lock and every fact provisioning decides on, in one round
+trip) and the commands that change the host. Secrets travel on stdin only (docs/provisioning.md)."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from ernie_deploy.planning.provisioning import ProvisionSpec
+from ernie_deploy.planning.render import UNIT_DIR
+from ernie_deploy.planning.settings import VENV_ROOT
+from ernie_deploy.remote import filesync
+from ernie_deploy.remote.command import Command, Op
+from ernie_deploy.remote.facts import MARK, UNIT_GLOB, sections, split_rc, version_script
+from ernie_deploy.remote.rolling import audit_line
+from ernie_deploy.remote.state import RELEASES_DIR, STATE_DIR
+
+# Written into a venv provisioning made: `installing` first, `done` (with the version) once pip succeeded.
+# Only venvs with the done marker are ever removed; one still `installing` was cut short and is redone.
+INSTALLING_MARK = ".ernie-deploy-installing"
+DONE_MARK = ".ernie-deploy-venv"
+WHEELHOUSE = f"{STATE_DIR}/wheelhouse"
+SERVICE_HOME = "/var/lib/vllm"
+
+
+def probe_script(spec: ProvisionSpec) -> str:
+    q = shlex.quote
+    venv = q(spec.venv)
+    used = f"{UNIT_DIR}/{UNIT_GLOB} {RELEASES_DIR}/*{UNIT_DIR}/{UNIT_GLOB}"
+    return f"""
+m() {{ printf '\\n{MARK}%s\\n' "$1"; }}
+m driver; out=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>&1); rc=$?
+printf '%s\\n' "$out" | head -n 1; echo "rc=$rc"
+m user; getent passwd {q(spec.user)} | cut -d: -f1,6,7
+m os; ( . /etc/os-release 2>/dev/null; echo "${{ID:-}} ${{ID_LIKE:-}}" )
+m python; if ! command -v python3 >/dev/null 2>&1; then echo no-python3
+  elif python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then echo ok; else echo no-venv; fi
+m venv; if [ -f {venv}/{INSTALLING_MARK} ]; then echo installing; elif [ -f {venv}/{DONE_MARK} ]; then echo ours
+  elif [ -e {venv} ]; then echo foreign; else echo absent; fi
+m version; {version_script(spec.bin)}
+m venvs; for d in {VENV_ROOT}/*/; do [ -f "$d{DONE_MARK}" ] && echo "${{d%/}}"; done
+m used; sed -n 's/^ExecStart=\\([^ ]*\\).*/\\1/p' {used} 2>/dev/null | sort -u
+{filesync.probe_script("model", spec.model_path)}
+{filesync.probe_script("wheels", WHEELHOUSE)}
+m end
+"""
+
+
+@dataclass(frozen=True)
+class ProvisionFacts:
+    driver: str | None
+    driver_error: str | None
+    user: tuple[str, str, str] | None  # name, home, shell
+    os_ids: tuple[str, ...]
+    python: str  # ok, no-python3, no-venv
+    venv: str  # absent, installing, ours, foreign
+    version: str | None
+    venvs: tuple[str, ...]  # venvs provisioning installed
+    used: frozenset[str]  # venvs an installed unit or a kept release runs
+    model: filesync.DirState
+    wheels: filesync.DirState
+
+
+def parse_probe(text: str) -> ProvisionFacts:
+    s = sections(text)
+    out, rc = split_rc(s.get("driver", "rc=127"))
+    driver = out.strip() if rc == 0 and out.strip() else None
+    user_line = s.get("user", "").strip().split(":")
+    version_text, version_rc = split_rc(s.get("version", "rc=127"))
+    version = version_text.strip().splitlines()[-1] if version_rc == 0 and version_text.strip() else None
+    used = frozenset(b.rsplit("/bin/", 1)[0] for b in s.get("used", "").split() if "/bin/" in b)
+    return ProvisionFacts(
+        driver=driver, driver_error=None if driver else (out.strip() or "nvidia-smi not found"),
+        user=(user_line[0], user_line[1], user_line[2]) if len(user_line) == 3 else None,
+        os_ids=tuple(s.get("os", "").split()), python=s.get("python", "").strip() or "no-python3",
+        venv=s.get("venv", "").strip() or "absent", version=version,
+        venvs=tuple(s.get("venvs", "").split()), used=used,
+        model=filesync.parse_dir_state(s, "model"), wheels=filesync.parse_dir_state(s, "wheels"),
+    )
+
+
+def create_user_command(user: str, audit: dict[str, object]) -> Command:
+    """A system user with no login shell and a home for vLLM's caches; its group of the same name."""
+    q = shlex.quote
+    return Command(Op.CREATE_USER, f"set -eu\nuseradd --system --user-group --home-dir {SERVICE_HOME} "
+                                    f"--create-home --shell /usr/sbin/nologin {q(user)}\n{audit_line(audit)}\n")
+
+
+def os_packages_command(manager: str, packages: tuple[str, ...], audit: dict[str, object]) -> Command:
+    q = shlex.quote
+    names = " ".join(q(p) for p in packages)
+    if manager == "apt-get":
+        install = f"DEBIAN_FRONTEND=noninteractive apt-get update -q && DEBIAN_FRONTEND=noninteractive " \
+                  f"apt-get install -y -q --no-install-recommends {names}"
+    else:
+        install = f"{q(manager)} install -y {names}"
+    return Command(Op.OS_PACKAGES, f"set -eu\n{install}\n{audit_line(audit)}\n", timeout=1200)
+
+
+def install_command(spec: ProvisionSpec, find_links: str | None, audit: dict[str, object]) -> Command:
+    """A fresh venv at the spec's path and `pip install vllm==VERSION` into it. The index URL (which may
+    carry credentials) comes on stdin into PIP_INDEX_URL, never on a command line."""
+    q = shlex.quote
+    venv = q(spec.venv)
+    pip = [f"{spec.venv}/bin/python", "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
+           "--progress-bar", "off"]
+    if find_links:
+        pip += ["--find-links", find_links]
+        if spec.index_url is None:
+            pip.append("--no-index")
+    pip.append(f"vllm=={spec.version}")
+    script = f"""set -eu
+IFS= read -r index || true
+if [ -n "$index" ]; then PIP_INDEX_URL=$index; export PIP_INDEX_URL; fi
+unset index
+rm -rf {venv}
+mkdir -p {venv}
+touch {venv}/{INSTALLING_MARK}
+python3 -m venv {venv}
+{" ".join(q(w) for w in pip)}
+printf '%s\\n' {q(spec.version)} > {venv}/{DONE_MARK}
+rm -f {venv}/{INSTALLING_MARK}
+{audit_line(audit)}
+"""
+    stdin = (spec.index_url.reveal() if spec.index_url else "") + "\n"
+    return Command(Op.INSTALL_VLLM, script, stdin=stdin.encode(), timeout=3600, check=False)
+
+
+def prune_command(venvs: list[str], audit: dict[str, object]) -> Command:
+    q = shlex.quote
+    removes = "\n".join(f"[ -f {q(v)}/{DONE_MARK} ] && rm -rf {q(v)}" for v in venvs)
+    return Command(Op.PRUNE_VENVS, f"set -u\n{removes}\n{audit_line(audit)}\n")
