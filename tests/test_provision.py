@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fakehub import FakeHub, serve
@@ -18,6 +19,9 @@ from ernie_deploy.errors import DeployError, InventoryError
 from ernie_deploy.inventory.inventory import Host
 from ernie_deploy.lab import wheel
 from ernie_deploy.orchestration import localfiles
+from ernie_deploy.orchestration.fleet import Fleet, FleetOptions
+from ernie_deploy.orchestration.provision import Provisioner, ProvisionOptions
+from ernie_deploy.orchestration.results import Status
 from ernie_deploy.planning.plan import PlanContext, plan_host
 from ernie_deploy.planning.provisioning import (
     Entry,
@@ -37,7 +41,9 @@ from ernie_deploy.planning.provisioning import (
 from ernie_deploy.planning.settings import Secret
 from ernie_deploy.remote import filesync, hub
 from ernie_deploy.remote import provision as remote
+from ernie_deploy.remote.command import Op
 from ernie_deploy.remote.facts import version_script
+from ernie_deploy.remote.ssh import RunResult
 
 CTX = PlanContext.load()
 
@@ -289,3 +295,115 @@ def test_hub_download_stages_files_by_sha_and_keeps_the_token_to_itself(tmp_path
         # A wrong token: the error comes back, the token does not.
         bad = _run_hub(cfg, "hf_wrong")
         assert hub.parse_result(bad.stdout).error and "hf_wrong" not in bad.stdout
+
+
+# -- the per-host flow's failure paths, against a scripted host ------------------------------------------
+
+
+class ScriptedHost:
+    """Answers the probe with a given text and every other command with success; records what ran."""
+
+    def __init__(self, probe: str, answers: dict[Op, str] | None = None) -> None:
+        self.answers = {Op.PROVISION_PROBE: probe, **(answers or {})}
+        self.commands = 0
+        self.history: list[str] = []
+        self.ops: list[str] = []
+        self.sent: list[Any] = []
+
+    def run(self, cmd: Any) -> RunResult:
+        self.commands += 1
+        self.history.append(cmd.label)
+        self.ops.append(cmd.op.name)
+        self.sent.append(cmd)
+        return RunResult(cmd.label, 0, self.answers.get(cmd.op, "").encode(), b"")
+
+    def close(self) -> None:
+        pass
+
+
+GOOD = {"driver": "580.95.05\nrc=0", "user": "vllm:/var/lib/vllm:/usr/sbin/nologin", "os": "debian",
+        "python": "ok", "venv": "absent", "version": "sh: 1: /opt/vllm/0.34.0/bin/vllm: not found\nrc=127",
+        "venvs": "", "used": "", "model-kind": "absent", "model-disk": "100000000"}
+
+
+def provision(tmp_path: Path, check: bool = False, answers: dict[Op, str] | None = None,
+              host_vars: dict[str, Any] | None = None, **probe: str) -> tuple[Any, ScriptedHost]:
+    text = "".join(f"\n@@ernie-deploy:{k}\n{v}\n" for k, v in {**GOOD, **probe}.items()) + "@@ernie-deploy:end\n"
+    fake = ScriptedHost(text, answers)
+    src = tmp_path / "model"
+    src.mkdir(exist_ok=True)
+    (src / "config.json").write_text((Path(__file__).parent.parent / "ernie_deploy/data/models/ERNIE-4.5-0.3B-PT/"
+                                      "config.json").read_text())
+    (src / "w.bin").write_bytes(b"w" * 4096)
+    host = Host("gpu-1", {"gpu_model": "NVIDIA A10", "gpu_count": 1, "vllm_model_source": str(src),
+                          **(host_vars or {})})
+    fleet = Fleet(lambda target: fake, FleetOptions())
+    options = ProvisionOptions(base_dir=tmp_path, check=check)
+    runs = Provisioner(CTX, options, fleet).run([host])
+    return runs[0], fake
+
+
+def test_an_old_driver_fails_before_any_change(tmp_path: Path) -> None:
+    run, fake = provision(tmp_path, driver="535.104.05\nrc=0", user="")
+    assert run.result.status is Status.FAILED and "535.104.05" in run.result.message
+    assert fake.ops == ["PROVISION_PROBE", "RELEASE_LOCK"]
+    run, fake = provision(tmp_path, driver="NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA "
+                                           "driver.\nrc=9")
+    assert "no NVIDIA driver answers" in run.result.message and "580.65.06" in run.result.message
+    assert fake.ops == ["PROVISION_PROBE", "RELEASE_LOCK"]
+
+
+def test_missing_venv_module_names_the_package_and_installs_it_only_when_asked(tmp_path: Path) -> None:
+    run, fake = provision(tmp_path, python="no-venv")
+    assert run.result.status is Status.FAILED and "install python3-venv" in run.result.message
+    assert "vllm_install_os_packages" in (run.result.hint or "")
+    assert "OS_PACKAGES" not in fake.ops and "INSTALL_VLLM" not in fake.ops
+
+
+def test_a_foreign_venv_with_another_version_is_left_alone(tmp_path: Path) -> None:
+    run, fake = provision(tmp_path, venv="foreign", version="0.33.0\nrc=0")
+    assert run.result.status is Status.FAILED and "0.33.0" in run.result.message and "0.34.0" in run.result.message
+    assert "INSTALL_VLLM" not in fake.ops
+    run, fake = provision(tmp_path, venv="foreign", version="0.34.0\nrc=0")  # matching metadata: adopted
+    assert "INSTALL_VLLM" not in fake.ops and run.data["provision"].vllm["state"] == "adopted"
+
+
+def test_a_venv_in_use_is_never_reinstalled_in_place(tmp_path: Path) -> None:
+    run, fake = provision(tmp_path, venv="ours", version="0.33.0\nrc=0", used="/opt/vllm/0.34.0/bin/vllm")
+    assert run.result.status is Status.FAILED and "switch them silently" in run.result.message
+    assert "INSTALL_VLLM" not in fake.ops
+
+
+def test_too_little_disk_fails_before_copying(tmp_path: Path) -> None:
+    run, fake = provision(tmp_path, **{"model-disk": "10"})  # 10 KiB free
+    assert run.result.status is Status.FAILED and "free there" in run.result.message
+    assert "RECEIVE" not in fake.ops and "SWITCH" not in fake.ops
+
+
+def test_check_mode_takes_no_lock_and_changes_nothing(tmp_path: Path) -> None:
+    run, fake = provision(tmp_path, check=True, user="")
+    assert fake.ops == ["PROVISION_PROBE"]
+    assert [a["status"] for a in run.data["provision"].actions] == \
+        ["ok", "would change", "ok", "would change", "would change"]
+
+
+def test_a_hub_download_is_switched_in_and_its_token_goes_to_stdin_only(tmp_path: Path) -> None:
+    result = {"changed": True, "commit": "c" * 40, "source": "hf://org/name@" + "c" * 40,
+              "files": {"config.json": {"size": 2, "sha256": "d" * 64}}}
+    run, fake = provision(tmp_path, venv="ours", version="0.34.0\nrc=0",
+                          answers={Op.HUB_DOWNLOAD: hub.RESULT_MARK + json.dumps(result)},
+                          host_vars={"vllm_model_source": "hf://org/name@main", "hf_token": "hf_Sekr1t",
+                                     "vllm_model_config": str(tmp_path / "model")})
+    assert run.result.status is Status.CHANGED, run.result.message
+    assert fake.ops == ["PROVISION_PROBE", "HUB_DOWNLOAD", "SWITCH", "RELEASE_LOCK"]
+    download, switch = fake.sent[1], fake.sent[2]
+    assert download.stdin == b"hf_Sekr1t\n" and "hf_Sekr1t" not in download.script
+    assert json.loads(switch.stdin)["source"] == result["source"] and "hf_Sekr1t" not in switch.script
+    assert "hf_Sekr1t" not in json.dumps(run.data["provision"].to_json())
+    failed = {"error": "HfHubHTTPError: 401 for token hf_Sekr1t"}
+    run, fake = provision(tmp_path, venv="ours", version="0.34.0\nrc=0",
+                          answers={Op.HUB_DOWNLOAD: hub.RESULT_MARK + json.dumps(failed)},
+                          host_vars={"vllm_model_source": "hf://org/name@main", "hf_token": "hf_Sekr1t",
+                                     "vllm_model_config": str(tmp_path / "model")})
+    assert run.result.status is Status.FAILED and "hf_Sekr1t" not in run.result.message
+    assert "[REDACTED]" in run.result.message and "SWITCH" not in fake.ops

@@ -110,11 +110,12 @@ class Provisioner:
                                        script, Op.PROVISION_PROBE)
         facts = remote.parse_probe(text)
         self._driver(spec, facts, report)
-        self._user(run, spec, facts, report)
-        self._prerequisites(run, spec, facts, report)
-        self._vllm(run, spec, facts, report)
-        self._prune(run, spec, facts, report)
-        self._model(run, spec, facts, report)
+        for step in (self._user, self._prerequisites, self._vllm, self._prune, self._model):
+            if self.fleet.abort.is_set():  # Ctrl-C / SIGTERM: finish the step that runs, start no other
+                why = "interrupted" if self.fleet.interrupted else "another host failed (--any-errors-fatal)"
+                raise DeployError(f"{why}: stopped between steps; what is done stays done", where=spec.host,
+                                  hint="run provision again to finish")
+            step(run, spec, facts, report)
         if any(a["status"] == "changed" for a in report.actions) and run.result.status is Status.OK:
             run.result.status = Status.CHANGED
 
@@ -195,6 +196,11 @@ class Provisioner:
                               "so it is left alone", where=spec.host,
                               hint="point vllm_bin at a new VENV/bin/vllm, or leave vllm_bin unset to get "
                                    f"/opt/vllm/{spec.version}")
+        if facts.venv == "ours" and facts.version not in (None, spec.version) and spec.venv in facts.used:
+            raise DeployError(f"{spec.venv} holds vLLM {facts.version}, which installed units or kept releases run; "
+                              f"replacing it with {spec.version} would switch them silently", where=spec.host,
+                              hint="give the new version its own venv: leave vllm_bin unset (/opt/vllm/VERSION) "
+                                   "or point it at a new path")
         source = (f"wheelhouse {spec.find_links}" if spec.find_links else "the host's package index") + \
             (" and vllm_pip_index_url" if spec.index_url else "")
         detail = f"install vLLM {spec.version} into {spec.venv} from {source}"

@@ -82,7 +82,7 @@ def test_check_on_fresh_hosts_changes_nothing(capsys: pytest.CaptureFixture[str]
     rc, hosts = deploy(capsys, write_inventory(deployed, tmp_path), "--check", "--diff")
     assert rc == 0
     assert all(h["status"] == "changed" for h in hosts.values())
-    assert any("+ExecStart=/opt/vllm/bin/vllm serve /models/ERNIE-4.5-0.3B-PT" in d
+    assert any("+ExecStart=/opt/vllm/0.34.0/bin/vllm serve /models/ERNIE-4.5-0.3B-PT" in d
                for d in hosts["a10-2"]["diffs"])
     assert snapshot(lab, deployed) == before
 
@@ -102,7 +102,8 @@ def test_deploy_makes_every_unit_active_healthy_and_exactly_rendered(
     for host in load_inventory(inv).select(None):
         session = connect(Target.from_host(host.name, host.address, host.port, host.user, host.vars))
         with session:
-            facts = parse_facts(session.run(gather_command("/models/ERNIE-4.5-0.3B-PT", "/opt/vllm/bin/vllm")).text)
+            gather = gather_command("/models/ERNIE-4.5-0.3B-PT", "/opt/vllm/0.34.0/bin/vllm")
+            facts = parse_facts(session.run(gather).text)
         plan = plan_host(host, PlanContext.load(), discovered(facts))
         (unit, _env) = render_host(plan, env)
         shown = lab.ssh(host.name, "systemctl cat ernie-vllm-0.service").stdout

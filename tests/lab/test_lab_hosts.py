@@ -103,11 +103,14 @@ def test_host_files_for_deploy_code(lab: Lab, host: str) -> None:
     assert json.loads(gpus.stdout) == spec.gpus_json()
     model = lab.ssh(host, "cat /models/ERNIE-4.5-0.3B-PT/config.json")
     assert json.loads(model.stdout) == json.loads(MODEL_CONFIG.read_text())
-    # The simulator is a package run with `python3 -m`, the way a console script runs an installed one.
-    entry = lab.ssh(host, "cat /opt/vllm/bin/vllm /usr/bin/nvidia-smi")
-    assert "python3 -m ernie_lab_sim.vllm_sim" in entry.stdout and "python3 -m ernie_lab_sim.nvidia_smi" in entry.stdout
-    version = lab.ssh(host, "/opt/vllm/bin/vllm --version")
-    assert version.returncode == 0 and version.stdout.strip()[0].isdigit(), version.stdout + version.stderr
+    # vLLM is the simulator installed as a `vllm` package in its venv (pip's console script and metadata);
+    # nvidia-smi is a driver tool that runs the simulator package with `python3 -m`.
+    entry = lab.ssh(host, "head -n 1 /opt/vllm/0.34.0/bin/vllm; cat /usr/bin/nvidia-smi")
+    assert entry.stdout.startswith("#!/opt/vllm/0.34.0/bin/python3\n")
+    assert "python3 -m ernie_lab_sim.nvidia_smi" in entry.stdout
+    version = lab.ssh(host, "/opt/vllm/0.34.0/bin/vllm --version; /opt/vllm/0.34.0/bin/python -c "
+                            "'import importlib.metadata as m; print(m.version(\"vllm\"))'")
+    assert version.returncode == 0 and version.stdout.split() == ["0.34.0", "0.34.0"], version.stdout + version.stderr
     probe = "/run/ernie-lab/gpu/.probe"
     writable = lab.ssh(host, f"runuser -u vllm -- sh -c 'touch {probe} && rm {probe}'")
     assert writable.returncode == 0, writable.stderr

@@ -105,7 +105,7 @@ def test_foreign_process_on_an_instances_gpu(capsys: pytest.CaptureFixture[str],
     # Leave room on the GPUs, then let another vLLM squat on the instance's last GPU.
     roomy = write_inventory(lab_state, tmp_path, **{"a10-4": {"vllm_gpu_memory_utilization": 0.5}})
     assert run(capsys, "deploy", roomy, "--limit", "a10-4")[0] == 0
-    units.start("a10-4", "intruder", "/opt/vllm/bin/vllm serve /models/ERNIE-4.5-0.3B-PT --host 127.0.0.13 "
+    units.start("a10-4", "intruder", "/opt/vllm/0.34.0/bin/vllm serve /models/ERNIE-4.5-0.3B-PT --host 127.0.0.13 "
                 "--port 8100 --gpu-memory-utilization 0.3 --max-model-len 1024",
                 env={"CUDA_VISIBLE_DEVICES": "3", "VLLM_SIM_LOAD_SECONDS": "0.5"})
     assert units.wait_state("a10-4", "intruder", "active") == "active"

@@ -19,7 +19,7 @@ from lab.labhelpers import Units, wait_for
 
 pytestmark = pytest.mark.lab
 
-VLLM = "/opt/vllm/bin/vllm serve /models/ERNIE-4.5-0.3B-PT"
+VLLM = "/opt/vllm/0.34.0/bin/vllm serve /models/ERNIE-4.5-0.3B-PT"
 
 
 def health(address: str, port: int) -> int | None:
@@ -88,7 +88,7 @@ def test_unsupported_architecture_is_rejected(lab: Lab, units: Units) -> None:
     made = lab.ssh("a10-1", "mkdir -p /models/Bogus && cat > /models/Bogus/config.json", input=json.dumps(config))
     assert made.returncode == 0, made.stderr
     try:
-        units.start("a10-1", "vllm-arch", "/opt/vllm/bin/vllm serve /models/Bogus --port 8101 --host 127.0.0.11")
+        units.start("a10-1", "vllm-arch", "/opt/vllm/0.34.0/bin/vllm serve /models/Bogus --port 8101 --host 127.0.0.11")
         assert units.wait_state("a10-1", "vllm-arch", "failed") == "failed"
         journal = units.journal("a10-1", "vllm-arch")
         assert "Model architectures ['BogusForCausalLM'] are not supported for now." in journal, journal[-3000:]
