@@ -117,7 +117,8 @@ class FakeHost:
         tmp_to_src = {v.strip("'"): k for k, v in
                       re.findall(r"install -m \d+ -o root -g root \S+/(f\d+) (\S+)", cmd.script)}
         for tmp, dest in re.findall(r"mv -f (\S+) (\S+)", cmd.script):
-            self.files[dest.strip("'")] = staged[tmp_to_src[tmp.strip("'")]]
+            if tmp.strip("'") in tmp_to_src:  # not the pending list's own rewrite
+                self.files[dest.strip("'")] = staged[tmp_to_src[tmp.strip("'")]]
         record = json.loads(staged["release.json"])
         self.releases.append(record)
         self.release_files[str(record["id"])] = dict(self.files)

@@ -18,12 +18,13 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parent.parent / "ernie_deploy"
-PURE = {"inventory", "planning", "checks", "errors"}
+PURE = {"inventory", "planning", "checks", "playbook", "errors"}
 ALLOWED: dict[str, set[str]] = {
     "top": PURE | {"cli", "output", "orchestration", "remote", "lab"},  # __main__ runs the CLI
     "inventory": PURE,
     "planning": PURE,
     "checks": PURE,
+    "playbook": PURE,
     "remote": PURE | {"remote"},
     "orchestration": PURE | {"remote", "orchestration"},
     "lab": PURE | {"remote", "lab"},

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 from fakehub import FakeHub, serve
 
-from ernie_deploy.cli.provision import parse_rate
 from ernie_deploy.errors import DeployError, InventoryError
 from ernie_deploy.inventory.inventory import Host
 from ernie_deploy.lab import wheel
@@ -31,6 +30,7 @@ from ernie_deploy.planning.provisioning import (
     Recorded,
     extra_on_host,
     os_packages,
+    parse_rate,
     parse_source,
     removable_venvs,
     spec_for,

@@ -92,7 +92,7 @@ def test_budget_and_abort() -> None:
 
 def test_a_stopped_unit_is_not_running_never_judged_on_an_old_run() -> None:
     """verify of a stopped unit: the old run's start-up lines must not yield a TP ✓."""
-    from ernie_deploy.checks.playbook import Expectations
+    from ernie_deploy.checks.expectations import Expectations
     from ernie_deploy.inventory.inventory import load_inventory
     from ernie_deploy.orchestration.instancecheck import instance_checks
     from ernie_deploy.planning.plan import PlanContext, plan_host

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import re
 from dataclasses import replace
 from typing import Any
 
 from ernie_deploy.cli.remote import connector, fleet_options, host_error, say_stopped, ssh_options, targets
-from ernie_deploy.errors import DeployError
 from ernie_deploy.orchestration.fleet import Fleet
 from ernie_deploy.orchestration.provision import Provisioner, ProvisionOptions, Report
 from ernie_deploy.orchestration.results import exit_code
 from ernie_deploy.output import console
+from ernie_deploy.planning.provisioning import parse_rate
 
 SCHEMA = "ernie-deploy/provision/v1"
-_RATE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMG]?)(?:i?B)?(?:/s)?", re.IGNORECASE)
 
 
 def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
@@ -46,15 +44,6 @@ def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
     p.add_argument("--any-errors-fatal", action="store_true", help="stop touching other hosts after a failure")
     p.add_argument("--json", action="store_true", help=f"machine-readable results (schema {SCHEMA})")
     p.set_defaults(func=cmd_provision)
-
-
-def parse_rate(text: str | None) -> float | None:
-    if text is None:
-        return None
-    found = _RATE.fullmatch(text.strip())
-    if found is None or float(found[1]) <= 0:
-        raise DeployError(f"--bwlimit {text!r} is not a rate", hint="e.g. 500K, 50M or 1G (bytes per second)")
-    return float(found[1]) * {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}[found[2].upper()]
 
 
 def cmd_provision(args: argparse.Namespace) -> int:

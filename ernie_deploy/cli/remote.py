@@ -11,8 +11,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from ernie_deploy.checks.expectations import Expectations
 from ernie_deploy.checks.junit import to_junit
-from ernie_deploy.checks.playbook import Expectations, load_playbook
 from ernie_deploy.checks.result import CheckResult
 from ernie_deploy.cli import rollout
 from ernie_deploy.errors import ExitCode
@@ -32,6 +32,7 @@ from ernie_deploy.output.recap import show_checks, show_recap, show_results, sho
 from ernie_deploy.planning.drivers import DriverVerdict, judge, need
 from ernie_deploy.planning.plan import PlanContext
 from ernie_deploy.planning.versions import version_facts
+from ernie_deploy.playbook.schema import load_playbook
 from ernie_deploy.remote.facts import HostFacts
 from ernie_deploy.remote.ssh import HostKeyPolicy, connect
 
@@ -89,7 +90,8 @@ def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
                                      "host's vllm_startup_budget, 600 unless set)")
     p.add_argument("--json", action="store_true", help=f"machine-readable results (schema {RESULTS_SCHEMA})")
     p.add_argument("--playbook", type=Path, metavar="FILE",
-                   help="extra checks run after each restart (see playbooks/verify.yml)")
+                   help="a playbook whose verify tasks' checks (expect/forbid log patterns, a streamed smoke test) run "
+                        "after each restart, e.g. playbooks/verify.yml")
     p.add_argument("--templates", type=Path, metavar="DIR",
                    help="your own vllm.service.j2 / vllm.env.j2 instead of the bundled ones (as for render)")
     rollout.add_options(p, default_serial=None)
@@ -139,7 +141,8 @@ def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
     p.add_argument("--json", action="store_true", help=f"machine-readable results (schema {RESULTS_SCHEMA})")
     p.add_argument("--junit", type=Path, metavar="FILE", help="also write JUnit XML for CI pipelines")
     p.add_argument("--playbook", type=Path, metavar="FILE",
-                   help="extra checks: expect/forbid log patterns, streamed smoke test (playbooks/verify.yml)")
+                   help="a playbook whose verify tasks add checks: expect/forbid log patterns, a streamed smoke "
+                        "test (playbooks/verify.yml)")
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("facts", help="what each host really has: GPUs, NVLink, systemd, units, model, vLLM",
@@ -170,7 +173,8 @@ def _day2_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--startup-budget", dest="health_timeout", type=float, default=0.0, metavar="S",
                    help="seconds a started instance may take to become ready (default: each host's "
                         "vllm_startup_budget)")
-    p.add_argument("--playbook", type=Path, metavar="FILE", help="extra checks run after each start")
+    p.add_argument("--playbook", type=Path, metavar="FILE",
+                   help="a playbook whose verify tasks' checks run after each start (playbooks/verify.yml)")
     p.add_argument("--templates", type=Path, metavar="DIR",
                    help="the templates deploy used (as for deploy), to compare the hosts' files with the plan")
     p.add_argument("--json", action="store_true", help=f"machine-readable results (schema {RESULTS_SCHEMA})")
@@ -184,7 +188,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
                       health_timeout=args.health_timeout, known_hosts=tuple(args.known_hosts),
                       command=command, templates=args.templates, cycle=rollout.cycle_options(args, "deploy"),
                       rollout=rollout.rollout_options(args, "deploy", preflight=args.serial is not None))
-    exp = load_playbook(args.playbook) if args.playbook else Expectations()
+    exp = playbook_checks(args.playbook)
     runner = Runner(ctx, connector(args), options, expectations=exp)
     with console.HostProgress("deploy" + (" (check mode)" if args.check else "")) as progress:
         runner.fleet.progress = progress.update
@@ -214,7 +218,7 @@ def _restart(args: argparse.Namespace, mode: str) -> int:
                              forks=args.forks, lock_wait=args.lock_wait, known_hosts=tuple(args.known_hosts),
                              command=command, templates=args.templates, cycle=cycle,
                              rollout=rollout.rollout_options(args, mode, preflight=True))
-    exp = load_playbook(args.playbook) if args.playbook else Expectations()
+    exp = playbook_checks(args.playbook)
     restarter = Restarter(ctx, connector(args), options, expectations=exp)
     with console.HostProgress(mode + (" (check mode)" if args.check else "")) as progress:
         restarter.fleet.progress = progress.update
@@ -256,7 +260,7 @@ def cmd_releases(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     _, ctx, hosts = targets(args)
-    exp = load_playbook(args.playbook) if args.playbook else Expectations()
+    exp = playbook_checks(args.playbook)
     verifier = Verifier(ctx, connector(args), fleet_options(args), expectations=exp)
     with console.HostProgress("verify") as progress:
         verifier.fleet.progress = progress.update
@@ -271,6 +275,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
         show_checks(results, verbose=args.verbose)
         show_recap(results)
     return code
+
+
+def playbook_checks(path: Path | None) -> Expectations:
+    """The `verify` task arguments of a playbook's plays (expect/forbid patterns, a streamed smoke test)."""
+    return load_playbook(path).expectations() if path is not None else Expectations()
 
 
 def say_stopped(signum: int | None) -> None:

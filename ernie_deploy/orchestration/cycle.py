@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ernie_deploy.checks import gpurelease
+from ernie_deploy.checks.expectations import Expectations
 from ernie_deploy.checks.metrics import in_flight
-from ernie_deploy.checks.playbook import Expectations
 from ernie_deploy.checks.result import CheckInputError, CheckResult
 from ernie_deploy.errors import DeployError
 from ernie_deploy.orchestration import hooks, readiness

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ernie_deploy.checks.playbook import Expectations
+from ernie_deploy.checks.expectations import Expectations
 from ernie_deploy.orchestration.cycle import CycleOptions, HostCycle, Work, unit_of
 from ernie_deploy.orchestration.fleet import Fleet, FleetOptions, HostRun
 from ernie_deploy.orchestration.results import HostResult, Status
@@ -48,6 +48,20 @@ class Options:
     poll: float = 0.5  # seconds between readiness polls
     cycle: CycleOptions = field(default_factory=CycleOptions)
     rollout: RolloutOptions = field(default_factory=RolloutOptions)
+    activate: bool = True  # False: stage the files and stop (a playbook's converge; its rolling task restarts)
+
+
+def ran_before(kept: list[releases.Release], snap: Snapshot) -> dict[str, releases.Release]:
+    """Per unit, the release it runs now: restored when its change fails. A unit staged by an earlier run and
+    not restarted since runs the release recorded when it was first staged, not the files installed now."""
+    units = [unit_of(i) for i in snap.plan.instances]
+    out = releases.running_releases(kept, snap.facts.files, units)
+    by_id = {r.id: r for r in kept}
+    for unit in units:
+        rid = snap.facts.pending_from.get(unit)
+        if unit in snap.facts.pending and rid in by_id:
+            out[unit] = by_id[rid]
+    return out
 
 
 class Runner:
@@ -78,11 +92,16 @@ class Runner:
                      self._down, release_lock, self.report)
 
     def _down(self, run: HostRun) -> list[str]:
-        """Installed instances of the plan that do not serve now (the rollout pre-flight)."""
+        """Installed instances of the plan that do not serve now (the rollout pre-flight). A unit staged and never
+        started (a playbook's converge before its rolling task) is new, not down."""
         snap: Snapshot | None = run.data.get("snapshot")
         if snap is None:
             return []
-        return down(run.host.name, snap, [unit_of(i) for i in snap.plan.instances], installed_only=True)
+        facts = snap.facts
+        units = [unit_of(i) for i in snap.plan.instances]
+        fresh = {u for u in units if u in facts.pending and u in facts.units
+                 and facts.units[u].active_state not in converge.RUNNING and not facts.units[u].invocation_id}
+        return down(run.host.name, snap, [u for u in units if u not in fresh], installed_only=True)
 
     def _snapshot(self, run: HostRun, opts: SnapshotOptions) -> None:
         snap = take(self.fleet, run, self.ctx, self.templates, opts)
@@ -125,10 +144,14 @@ class Runner:
             result.fail(Status.SKIPPED, "skipped before changing anything: run aborted")
             return
         if changes.files or changes.units:
-            # What each unit ran before: restored when a changed instance fails.
-            work.undo_to = releases.running_releases(releases.parse_list(session.run(releases.list_command()).text),
-                                                     snap.facts.files, [unit_of(i) for i in snap.plan.instances])
-        self._stage(run, snap, tuple(sorted({r.id for r in work.undo_to.values()})))
+            work.undo_to = ran_before(releases.parse_list(session.run(releases.list_command()).text), snap)
+        self._stage(run, snap, work.undo_to)
+        if not opts.activate:
+            staged = f"staged {len(changes.files)} file(s)" if changes.files else "nothing to stage"
+            units = ", ".join(changes.units)
+            result.status = Status.CHANGED if changes.files else Status.OK
+            result.message = staged + (f"; waiting for a restart: {units}" if units else "") + leftover
+            return
         audit: Callable[[str], dict[str, Any]] = lambda action: self._audit(run, action, changes)  # noqa: E731
         if not work.instances:
             with self.fleet.step(run, "activate") as step:
@@ -191,7 +214,7 @@ class Runner:
                           for c in changes.files],
                 "restart": list(changes.restart), "start": list(changes.start), "prune": list(changes.prune)}
 
-    def _stage(self, run: HostRun, snap: Snapshot, protect: tuple[str, ...]) -> None:
+    def _stage(self, run: HostRun, snap: Snapshot, ran: dict[str, releases.Release]) -> None:
         """Stage the files (recording a release); nothing is restarted."""
         assert run.session is not None
         changes, name = snap.changes, run.host.name
@@ -204,6 +227,8 @@ class Runner:
                    "changed": [c.path for c in changes.files]}
         keep = max(1, int(snap.plan.settings["keep_releases"].value))
         with self.fleet.step(run, "stage") as step:
-            run.session.run(converge.stage_command(snap.files, changes, audit, release, keep, protect))
+            run.session.run(converge.stage_command(snap.files, changes, audit, release, keep,
+                                                   tuple(sorted({r.id for r in ran.values()})),
+                                                   {u: r.id for u, r in ran.items()}))
             step.changed, step.evidence = bool(changes.files), [f"release {rid}"]
         run.result.release = rid

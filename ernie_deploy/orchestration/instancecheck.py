@@ -4,9 +4,9 @@ journal, nvidia-smi, the process tree, and the HTTP answers the host itself got)
 from __future__ import annotations
 
 from ernie_deploy.checks import http as judge
+from ernie_deploy.checks.expectations import Expectations
 from ernie_deploy.checks.gpus import check_gpus
 from ernie_deploy.checks.logscan import check_startup_log
-from ernie_deploy.checks.playbook import Expectations
 from ernie_deploy.checks.result import CheckInputError, CheckResult
 from ernie_deploy.checks.signatures import instance_context
 from ernie_deploy.planning.plantypes import HostPlan, InstancePlan

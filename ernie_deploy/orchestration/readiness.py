@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ernie_deploy.checks import http as judge
-from ernie_deploy.checks.playbook import Expectations
+from ernie_deploy.checks.expectations import Expectations
 from ernie_deploy.checks.signatures import instance_context, scan
 from ernie_deploy.orchestration.instancecheck import api_key, request_id, requests_for, serves
 from ernie_deploy.orchestration.transport import Transport

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ernie_deploy.checks.playbook import Expectations
+from ernie_deploy.checks.expectations import Expectations
 from ernie_deploy.errors import DeployError
 from ernie_deploy.orchestration.cycle import CycleOptions, HostCycle, Work, released_instances, unit_of
 from ernie_deploy.orchestration.fleet import Fleet, FleetOptions, HostRun

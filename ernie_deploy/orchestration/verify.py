@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ernie_deploy.checks.playbook import Expectations
+from ernie_deploy.checks.expectations import Expectations
 from ernie_deploy.checks.result import CheckResult
 from ernie_deploy.orchestration.fleet import Fleet, FleetOptions, HostRun
 from ernie_deploy.orchestration.instancecheck import api_key, instance_checks, requests_for

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ernie_deploy.errors import InventoryError
+from ernie_deploy.errors import DeployError, InventoryError
 from ernie_deploy.planning.plantypes import HostPlan
 from ernie_deploy.planning.settings import VENV_ROOT, Secret, venv_bin
 
@@ -176,3 +176,15 @@ def os_packages(os_ids: tuple[str, ...]) -> tuple[str, tuple[str, ...]] | None:
     if {"rhel", "fedora", "centos", "rocky", "almalinux"} & set(os_ids):
         return "dnf", ("python3", "python3-pip")
     return None
+
+
+_RATE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMG]?)(?:i?B)?(?:/s)?", re.IGNORECASE)
+
+
+def parse_rate(text: str | None) -> float | None:
+    if text is None:
+        return None
+    found = _RATE.fullmatch(text.strip())
+    if found is None or float(found[1]) <= 0:
+        raise DeployError(f"--bwlimit {text!r} is not a rate", hint="e.g. 500K, 50M or 1G (bytes per second)")
+    return float(found[1]) * {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}[found[2].upper()]

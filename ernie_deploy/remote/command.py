@@ -39,6 +39,7 @@ class Op(Enum):
     RECEIVE = "receive file"
     SWITCH = "switch in files"
     HUB_DOWNLOAD = "download from the Hub"
+    COMMAND = "operator command"  # a playbook's `command` task
     SCRIPT = "script"  # an ad-hoc script (tests, the lab): no orchestration flow sends one
 
 

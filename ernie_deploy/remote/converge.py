@@ -33,8 +33,8 @@ from ernie_deploy.planning.render import ENV_DIR, UNIT_DIR, RenderedFile
 from ernie_deploy.remote.command import Command, Op
 from ernie_deploy.remote.facts import HostFacts
 from ernie_deploy.remote.rolling import audit_line, baseline_script
-from ernie_deploy.remote.state import AUDIT_LOG, PENDING_FILE, RELEASES_DIR, STAGING_DIR, STATE_DIR
-from ernie_deploy.remote.systemd import restarted_recently, up_seconds
+from ernie_deploy.remote.state import AUDIT_LOG, RELEASES_DIR, STAGING_DIR, STATE_DIR, pending_add, pending_remove
+from ernie_deploy.remote.systemd import restarted_recently, started_at, up_seconds
 
 RUNNING = {"active", "activating", "reloading"}
 STARTED_MARK = "@@ernie-deploy:started "
@@ -126,6 +126,12 @@ def compute_changes(plan: HostPlan, files: list[RenderedFile], facts: HostFacts,
         elif running and unit in facts.pending:
             restart.append(unit)
             reasons[unit] = "staged by an earlier run but not restarted since"
+        elif running and state is not None and state.need_daemon_reload:
+            restart.append(unit)
+            reasons[unit] = "its unit file changed on disk after systemd loaded it (not in effect)"
+        elif running and state is not None and newer_than_process(unit, facts):
+            restart.append(unit)
+            reasons[unit] = f"{', '.join(newer_than_process(unit, facts))} changed after it started (not in effect)"
         elif running and prune and any(dropin_unit(d) == unit for d in facts.dropins):
             restart.append(unit)
             reasons[unit] = "drop-in removed (--prune): " + ", ".join(
@@ -140,8 +146,24 @@ def compute_changes(plan: HostPlan, files: list[RenderedFile], facts: HostFacts,
             enable.append(unit)
     planned = {f"{i.unit}.service" for i in plan.instances}
     leftover = tuple(sorted(u for u in facts.units if u not in planned))
+    stale = any(facts.units[u].need_daemon_reload for u in planned if u in facts.units)
     return Changes(changed, tuple(restart), tuple(start), tuple(enable), leftover if prune else (), reasons,
-                   leftover=leftover, dropins=tuple(sorted(facts.dropins)))
+                   leftover=leftover, dropins=tuple(sorted(facts.dropins)), reload=stale)
+
+
+# mtimes have whole seconds and the process start is estimated from two clocks: a file counts as newer only
+# beyond this margin, so a restart right after a stage never reads as "changed since".
+CLOCK_MARGIN_S = 1.5
+
+
+def newer_than_process(unit: str, facts: HostFacts) -> list[str]:
+    """The unit's files (unit, env) modified after its running process started: edits not in effect."""
+    state = facts.units.get(unit)
+    start = started_at(state, facts.now_us, facts.wall_now) if state is not None else None
+    if start is None:
+        return []
+    paths = (f"{UNIT_DIR}/{unit}", f"{ENV_DIR}/{unit.removesuffix('.service')}.env")
+    return [PurePosixPath(p).name for p in paths if facts.mtimes.get(p, 0) > start + CLOCK_MARGIN_S]
 
 
 def release_id(files: list[RenderedFile], now: float) -> str:
@@ -177,9 +199,11 @@ def _cleanup() -> str:
 
 
 def stage_command(files: list[RenderedFile], changes: Changes, audit: dict[str, Any], release: dict[str, Any],
-                  keep: int, protect: tuple[str, ...] = ()) -> Command:
-    """Install the changed files atomically, mark their units pending and record the release; restart nothing.
-    Releases in `protect` (what the units run now: a failed start goes back to them) are never pruned."""
+                  keep: int, protect: tuple[str, ...] = (), ran: dict[str, str] | None = None) -> Command:
+    """Install the changed files atomically, mark their units pending (with `ran`: unit → the release it runs
+    now) and record the release; restart nothing. Releases in `protect` (what the units run now: a failed
+    start goes back to them) are never pruned."""
+    ran = ran or {}
     q = shlex.quote
     wanted = {c.path for c in changes.files}
     rid = str(release["id"])
@@ -204,9 +228,7 @@ def stage_command(files: list[RenderedFile], changes: Changes, audit: dict[str, 
             f"install -m {f.mode:04o} -o root -g root {STAGING_DIR}/{_staged_name(i)} {q(str(tmp))}",
             f"mv -f {q(str(tmp))} {q(f.path)}",
         ]
-    if changes.units:
-        lines.append(f"printf '%s\\n' {' '.join(q(u) for u in changes.units)} >> {PENDING_FILE}")
-        lines.append(f"sort -u -o {PENDING_FILE} {PENDING_FILE}")
+    lines += pending_add({u: ran.get(u) for u in changes.units})
     # The release: every managed file as it now is on the host, copied with its mode (env files stay 0600).
     lines += [f"rm -rf {q(rdir)}.tmp {q(rdir)}", f"mkdir -p {q(rdir)}.tmp{UNIT_DIR} {q(rdir)}.tmp{ENV_DIR}"]
     lines += [f"cp -p {q(f.path)} {q(rdir + '.tmp' + f.path)}" for f in files]
@@ -254,9 +276,7 @@ def activate_command(changes: Changes, audit: dict[str, Any],
                      f"\"$(systemctl show -p InvocationID --value {q(unit)})\" "
                      f"\"$(systemctl show -p NRestarts --value {q(unit)})\"")
     if changes.start or changes.prune:
-        done = " ".join(f"-e {q(u)}" for u in changes.start + changes.prune)
-        lines.append(f"if [ -f {PENDING_FILE} ]; then grep -vxF {done} {PENDING_FILE} > {PENDING_FILE}.new || true; "
-                     f"mv -f {PENDING_FILE}.new {PENDING_FILE}; fi")
+        lines.append(pending_remove(changes.start + changes.prune))
     lines.append(audit_line(audit))
     return Command(Op.ACTIVATE, "\n".join(lines) + "\n", units=changes.start)
 

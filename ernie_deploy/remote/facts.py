@@ -59,6 +59,8 @@ m topo; nvidia-smi topo -m 2>&1
 m systemd; systemctl --version 2>&1 | head -n 1
 m files
 for f in {UNIT_DIR}/{UNIT_GLOB} {ENV_DIR}/ernie-vllm-*.env; do [ -f "$f" ] && sha256sum "$f"; done
+m mtimes
+for f in {UNIT_DIR}/{UNIT_GLOB} {ENV_DIR}/ernie-vllm-*.env; do [ -f "$f" ] && stat -c '%Y %n' "$f"; done
 m units
 for f in {UNIT_DIR}/{UNIT_GLOB}; do [ -f "$f" ] && {show} && echo; done
 m dropins
@@ -67,6 +69,7 @@ m unitgpus
 for f in {UNIT_DIR}/{UNIT_GLOB}; do [ -f "$f" ] && printf '%s %s\\n' "${{f##*/}}" \\
   "$(sed -n 's/^Environment=CUDA_VISIBLE_DEVICES=//p' "$f" | head -n 1)"; done
 m now; {NOW}
+m wallnow; date +%s.%N
 m health
 set --
 for f in {UNIT_DIR}/{UNIT_GLOB}; do [ -f "$f" ] || continue
@@ -124,11 +127,14 @@ class HostFacts:
     vllm_error: str | None = None
     lock_info: str | None = None
     pending: tuple[str, ...] = ()  # units whose files were staged but not yet activated (restarted)
+    pending_from: dict[str, str] = field(default_factory=dict)  # pending unit → the release it ran when staged
     dropins: dict[str, str] = field(default_factory=dict)  # drop-in path → sha256 (our units' .service.d)
     unit_gpus: dict[str, tuple[int, ...]] = field(default_factory=dict)  # unit → its CUDA_VISIBLE_DEVICES
     health: dict[str, str] = field(default_factory=dict)  # unit → "200", "503" or "error REASON"
     now_us: int | None = None  # the host's monotonic clock (µs), to age ExecMainStartTimestampMonotonic
     model_readable: bool | None = None  # can vllm_user read config.json (None: the user does not exist)
+    mtimes: dict[str, int] = field(default_factory=dict)  # managed file → its mtime (epoch seconds)
+    wall_now: float | None = None  # the host's clock (epoch seconds), to compare process starts with mtimes
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -219,12 +225,23 @@ def parse_facts(text: str) -> HostFacts:
         model_config=model_config, model_error=model_error, vllm_version=version,
         vllm_error=None if version else (vllm_text.splitlines()[-1] if vllm_text else "vllm not runnable"),
         lock_info=s.get("lock") or None,
-        pending=tuple(sorted({u for u in s.get("pending", "").split() if u})),
+        pending=tuple(sorted({line.split()[0] for line in s.get("pending", "").splitlines() if line.split()})),
+        pending_from={w[0]: w[1] for w in (line.split() for line in s.get("pending", "").splitlines()) if len(w) > 1},
         dropins=_hashes(s.get("dropins", "")), unit_gpus=_unit_gpus(s.get("unitgpus", "")),
         health={u: rest for u, _, rest in (line.partition(" ") for line in s.get("health", "").splitlines()) if rest},
         now_us=int(s["now"]) if s.get("now", "").strip().isdigit() else None,
         model_readable={"readable": True, "unreadable": False}.get(s.get("modeluser", "").strip()),
+        mtimes={path: int(t) for t, _, path in (line.partition(" ") for line in s.get("mtimes", "").splitlines())
+                if t.isdigit() and path},
+        wall_now=_float(s.get("wallnow", "")),
     )
+
+
+def _float(text: str) -> float | None:
+    try:
+        return float(text.strip())
+    except ValueError:
+        return None
 
 
 def _hashes(body: str) -> dict[str, str]:

@@ -16,7 +16,7 @@ from typing import Any
 from ernie_deploy.planning.render import ENV_DIR, UNIT_DIR
 from ernie_deploy.remote.command import Command, Op
 from ernie_deploy.remote.rolling import audit_line
-from ernie_deploy.remote.state import PENDING_FILE, RELEASES_DIR
+from ernie_deploy.remote.state import RELEASES_DIR, pending_add, pending_remove
 
 MARK = "@@ernie-deploy:release-json "
 
@@ -71,8 +71,7 @@ def restore_command(release: Release, units: tuple[str, ...] = (), audit: dict[s
         lines += [f"cp -p {q(src + path)} {q(tmp)}", f"mv -f {q(tmp)} {q(path)}"]
     restored = sorted({p.rsplit("/", 1)[1].removesuffix(".env").removesuffix(".service") + ".service" for p in paths})
     if restored:
-        lines += [f"printf '%s\\n' {' '.join(q(u) for u in restored)} >> {PENDING_FILE}",
-                  f"sort -u -o {PENDING_FILE} {PENDING_FILE}"]
+        lines += pending_add(dict.fromkeys(restored))
     if audit is not None:
         lines.append(audit_line(audit))
     return Command(Op.RESTORE, "\n".join(lines) + "\n", units=tuple(restored))
@@ -142,9 +141,7 @@ def undo_command(restore: Mapping[str, Release], stop: tuple[str, ...], disable:
         lines.append("systemctl disable -q " + " ".join(q(u) for u in disable) + " || true")
     done = tuple(sorted(restore)) + disable
     if done:
-        pattern = " ".join(f"-e {q(u)}" for u in done)
-        lines.append(f"if [ -f {PENDING_FILE} ]; then grep -vxF {pattern} {PENDING_FILE} > {PENDING_FILE}.new || "
-                     f"true; mv -f {PENDING_FILE}.new {PENDING_FILE}; fi")
+        lines.append(pending_remove(done))
     lines.append(audit_line(audit))
     return Command(Op.UNDO, "\n".join(lines) + "\n", units=done, timeout=3600)
 

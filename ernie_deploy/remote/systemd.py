@@ -7,7 +7,7 @@ import shlex
 from dataclasses import dataclass
 
 PROPS = ("Id", "LoadState", "ActiveState", "SubState", "Result", "MainPID", "InvocationID", "NRestarts",
-         "ExecMainStartTimestampMonotonic", "UnitFileState")
+         "ExecMainStartTimestampMonotonic", "UnitFileState", "NeedDaemonReload")
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,7 @@ class UnitState:
     n_restarts: int = 0
     started_monotonic: int = 0  # ExecMainStartTimestampMonotonic, µs; changes on every (re)start
     unit_file_state: str = ""
+    need_daemon_reload: bool = False  # the unit file changed on disk since systemd loaded it
 
 
 # The host's monotonic clock in µs, to age ExecMainStartTimestampMonotonic. /proc/uptime counts from boot, which
@@ -34,6 +35,13 @@ def up_seconds(state: UnitState, now_us: int | None) -> float | None:
     if state.active_state != "active" or state.sub_state != "running" or not now_us or not state.started_monotonic:
         return None
     return (now_us - state.started_monotonic) / 1e6
+
+
+def started_at(state: UnitState, now_us: int | None, wall_now: float | None) -> float | None:
+    """Wall-clock time (epoch seconds) the unit's current process started, or None when unknown."""
+    if not state.started_monotonic or not now_us or wall_now is None or state.main_pid == 0:
+        return None
+    return wall_now - (now_us - state.started_monotonic) / 1e6
 
 
 def restarted_recently(state: UnitState, now_us: int | None, window_s: float) -> bool:
@@ -65,7 +73,7 @@ def parse_state(text: str) -> UnitState:
         sub_state=props.get("SubState", ""), result=props.get("Result", ""), main_pid=_num(props, "MainPID"),
         invocation_id=props.get("InvocationID", ""), n_restarts=_num(props, "NRestarts"),
         started_monotonic=_num(props, "ExecMainStartTimestampMonotonic"),
-        unit_file_state=props.get("UnitFileState", ""))
+        unit_file_state=props.get("UnitFileState", ""), need_daemon_reload=props.get("NeedDaemonReload") == "yes")
 
 
 def parse_units(body: str) -> dict[str, UnitState]:

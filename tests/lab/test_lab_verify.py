@@ -77,7 +77,8 @@ def test_playbook_expect_forbid_and_streaming(capsys: pytest.CaptureFixture[str]
     assert names["expect Using max model len {max_model_len}"]["status"] == "pass"
     assert "(first byte" in names["http_completion"]["summary"]
     strict = tmp_path / "strict.yml"
-    strict.write_text('verify:\n  forbid: ["Using max model len {max_model_len}"]\n  expect: ["no such line"]\n')
+    strict.write_text('- hosts: all\n  tasks:\n    - verify:\n        forbid: ["Using max model len {max_model_len}"]\n'
+                      '        expect: ["no such line"]\n')
     rc, hosts = run(capsys, "verify", verified, "--limit", "a10-2", "--playbook", str(strict))
     failed = {c["name"] for c in hosts["a10-2"]["checks"] if c["status"] == "fail"}
     assert rc == 2 and failed == {"forbid Using max model len {max_model_len}", "expect no such line"}

@@ -1,0 +1,305 @@
+"""`run`: a playbook's plays in order; each task is one of the toolkit's operations over the play's hosts.
+
+Like ansible-playbook, a play runs its tasks one after the other across all its hosts, and a host that
+fails a task is left out of every later task and play. `any_errors_fatal` ends the run at the first
+failure, `max_fail_percentage` once more than that share of the play's hosts failed. A play's `serial`,
+`canary` and `max_fail_percentage` shape the batches of its rolling tasks (the other tasks are quick and
+change nothing that serves, or stage only). Each task takes and releases the deploy lock on its own, and a
+signal stops the run after the task in progress has stopped cleanly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ernie_deploy.checks.expectations import Expectations
+from ernie_deploy.inventory.inventory import Host, Inventory
+from ernie_deploy.orchestration import hooks
+from ernie_deploy.orchestration.cycle import CycleOptions, unit_of
+from ernie_deploy.orchestration.deploy import Options, Runner
+from ernie_deploy.orchestration.fleet import Fleet, FleetOptions, HostRun
+from ernie_deploy.orchestration.provision import Provisioner, ProvisionOptions
+from ernie_deploy.orchestration.restart import Restarter, RestartOptions
+from ernie_deploy.orchestration.results import HostResult, Status
+from ernie_deploy.orchestration.rollout import Report, RolloutOptions
+from ernie_deploy.orchestration.snapshot import SnapshotOptions, down, take
+from ernie_deploy.orchestration.transport import Connector, Progress
+from ernie_deploy.orchestration.verify import Verifier
+from ernie_deploy.planning.plan import PlanContext
+from ernie_deploy.planning.provisioning import parse_rate
+from ernie_deploy.planning.render import environment_for_templates, templates_dir
+from ernie_deploy.playbook.schema import Play, Playbook, Task, verify_expectations
+from ernie_deploy.remote.command import Command, Op
+from ernie_deploy.remote.rolling import audit_line
+
+BAD = (Status.FAILED, Status.UNREACHABLE, Status.LOCKED)
+# The task starts: the caller shows its header and returns the progress display for its hosts.
+StartTask = Callable[[Play, Task, Sequence[Host]], AbstractContextManager[Progress]]
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    base_dir: Path  # the inventory's directory (provisioning's relative sources)
+    check: bool = False
+    diff: bool = False
+    forks: int = 5
+    lock_wait: float = 0.0
+    known_hosts: tuple[str, ...] = ()
+    templates: Path | None = None
+    limit: str | None = None
+    command: str = "ernie-deploy run"
+    wait_poll: float = 2.0  # seconds between a wait_ready task's polls
+
+
+@dataclass
+class TaskRun:
+    play: str
+    task: Task
+    results: list[HostResult] = field(default_factory=list)
+    note: str = ""  # why it did not run (check mode, no hosts left)
+    report: Report | None = None  # a rolling task's batches
+
+
+class PlaybookRunner:
+    def __init__(self, inventory: Inventory, ctx: PlanContext, connector: Connector, options: RunOptions,
+                 start_task: StartTask, finished: Callable[[TaskRun], None] = lambda rec: None,
+                 confirm: Callable[[str], bool] | None = None) -> None:
+        self.inventory, self.ctx, self.connector, self.options = inventory, ctx, connector, options
+        self.start_task, self.finished = start_task, finished
+        self.confirm = confirm
+        self.tasks: list[TaskRun] = []
+        self.stopped_by: int | None = None
+        self.ended: str | None = None  # why the run ended early (any_errors_fatal, max_fail_percentage)
+
+    def run(self, book: Playbook) -> list[TaskRun]:
+        failed: set[str] = set()
+        limited = {h.name for h in self.inventory.select(self.options.limit)} if self.options.limit else None
+        for play in book.plays:
+            hosts = [self._with_vars(h, play) for h in self.inventory.select(play.hosts)
+                     if limited is None or h.name in limited]
+            failed_here: set[str] = set()
+            for task in play.tasks:
+                live = [h for h in hosts if h.name not in failed]
+                record = TaskRun(play.name, task)
+                self.tasks.append(record)
+                if not live:
+                    record.note = "no hosts left" if hosts else "no host of the play is in --limit"
+                    self.finished(record)
+                    continue
+                self._task(play, task, live, record)
+                self.finished(record)
+                bad = {r.host for r in record.results if r.status in BAD}
+                failed |= bad
+                failed_here |= bad
+                if self.stopped_by is not None:
+                    return self.tasks
+                if bad and play.any_errors_fatal:
+                    self.ended = f"play {play.name!r}: {', '.join(sorted(bad))} failed and any_errors_fatal is set"
+                    return self.tasks
+                mfp = play.max_fail_percentage
+                if mfp is not None and hosts and 100.0 * len(failed_here) / len(hosts) > mfp:
+                    self.ended = (f"play {play.name!r}: {len(failed_here)} of {len(hosts)} host(s) failed, more "
+                                  f"than max_fail_percentage {mfp:g}%")
+                    return self.tasks
+        return self.tasks
+
+    @staticmethod
+    def _with_vars(host: Host, play: Play) -> Host:
+        # Play vars override the inventory's, as in Ansible (play vars rank above inventory host_vars).
+        return dataclasses.replace(host, vars={**host.vars, **play.vars}) if play.vars else host
+
+    def _task(self, play: Play, task: Task, hosts: list[Host], record: TaskRun) -> None:
+        if self.options.check and task.action in ("command", "hook", "pause", "wait_ready"):
+            record.note = "skipped in check mode"
+            return
+        with self.start_task(play, task, hosts) as progress:
+            fleet = Fleet(self.connector, FleetOptions(self.options.forks, play.any_errors_fatal,
+                                                       self.options.known_hosts), progress)
+            action = getattr(self, f"_{task.action}")
+            action(play, task, hosts, record, fleet)
+            if self.stopped_by is None:
+                self.stopped_by = fleet.signal
+
+    # -- the actions -------------------------------------------------------------------------------------
+    def _provision(self, play: Play, task: Task, hosts: list[Host], record: TaskRun, fleet: Fleet) -> None:
+        opts = ProvisionOptions(base_dir=self.options.base_dir, check=self.options.check,
+                                verify_files=bool(task.args.get("verify_files", False)),
+                                rate=parse_rate(task.args.get("bwlimit")), lock_wait=self.options.lock_wait,
+                                command=self._label(task))
+        runs = Provisioner(self.ctx, opts, fleet).run(hosts)
+        for r in runs:
+            report = r.data.get("provision")
+            if report is not None:
+                r.result.evidence += [f"{a['step']}: {a['status']}: {a['detail']}" for a in report.actions]
+        record.results = [r.result for r in runs]
+
+    def _deploy(self, task: Task, fleet: Fleet, *, check: bool, activate: bool, rollout: RolloutOptions,
+                cycle: CycleOptions, health_timeout: float = 0.0) -> Runner:
+        options = Options(check=check, diff=self.options.diff, prune=bool(task.args.get("prune", False)),
+                          forks=self.options.forks, lock_wait=self.options.lock_wait, health_timeout=health_timeout,
+                          known_hosts=self.options.known_hosts, command=self._label(task),
+                          templates=self.options.templates, cycle=cycle, rollout=rollout, activate=activate)
+        runner = Runner(self.ctx, self.connector, options)
+        runner.fleet = fleet
+        return runner
+
+    def _plan(self, play: Play, task: Task, hosts: list[Host], record: TaskRun, fleet: Fleet) -> None:
+        runner = self._deploy(task, fleet, check=True, activate=False, rollout=RolloutOptions(),
+                              cycle=CycleOptions())
+        record.results = runner.run(hosts)
+        for r in record.results:
+            if r.status is Status.CHANGED:  # a plan is read-only: what deploy would do is news, not a change
+                r.status, r.message = Status.OK, "plan ok; " + r.message.replace(" (check mode: nothing was touched)",
+                                                                                  "")
+
+    def _converge(self, play: Play, task: Task, hosts: list[Host], record: TaskRun, fleet: Fleet) -> None:
+        runner = self._deploy(task, fleet, check=self.options.check, activate=False, rollout=RolloutOptions(),
+                              cycle=CycleOptions())
+        record.results = runner.run(hosts)
+
+    def _rolling(self, play: Play, task: Task, hosts: list[Host], record: TaskRun, fleet: Fleet,
+                 batches: bool = True) -> None:
+        args = task.args
+        rollout = RolloutOptions(serial=play.serial if batches else None, canary=play.canary if batches else 0,
+                                 max_fail_percentage=play.max_fail_percentage, force=bool(args.get("force", False)),
+                                 preflight=True, command=self._label(task))
+        budget = float(args.get("startup_budget", 0.0))
+        cycle = CycleOptions(command=self._label(task), pre_drain=args.get("pre_drain"),
+                             post_ready=args.get("post_ready"), hook_timeout=float(args.get("hook_timeout", 60.0)),
+                             idle_timeout=float(args.get("idle_timeout", 60.0)),
+                             gpu_timeout=float(args.get("gpu_release_timeout", 120.0)),
+                             parallel_instances=bool(args.get("parallel_instances", False)),
+                             rollback=bool(args.get("rollback", True)), health_timeout=budget)
+        if args.get("always"):
+            options = RestartOptions(mode="restart", instance=_instance(args), check=self.options.check,
+                                     forks=self.options.forks, lock_wait=self.options.lock_wait,
+                                     known_hosts=self.options.known_hosts, command=self._label(task),
+                                     templates=self.options.templates, cycle=cycle, rollout=rollout)
+            restarter = Restarter(self.ctx, self.connector, options)
+            restarter.fleet = fleet
+            record.results, record.report = restarter.run(hosts), restarter.report
+            return
+        runner = self._deploy(task, fleet, check=self.options.check, activate=True, rollout=rollout, cycle=cycle,
+                              health_timeout=budget)
+        record.results, record.report = runner.run(hosts), runner.report
+
+    def _restart(self, play: Play, task: Task, hosts: list[Host], record: TaskRun, fleet: Fleet) -> None:
+        self._rolling(play, task, hosts, record, fleet, batches=False)
+
+    def _wait_ready(self, play: Play, task: Task, hosts: list[Host], record: TaskRun, fleet: Fleet) -> None:
+        timeout = float(task.args.get("timeout", 600.0))
+        templates = environment_for_templates(templates_dir(self.options.templates))
+
+        def wait(run: HostRun) -> None:
+            deadline = time.monotonic() + timeout
+            while True:
+                snap = take(fleet, run, self.ctx, templates, SnapshotOptions(render=False))
+                if snap is None:
+                    return
+                problems = down(run.host.name, snap, [unit_of(i) for i in snap.plan.instances], installed_only=False)
+                if not problems:
+                    run.result.message = f"all {len(snap.plan.instances)} instance(s) serving"
+                    return
+                if time.monotonic() >= deadline or fleet.abort.is_set():
+                    run.result.fail(Status.FAILED, f"not serving after {timeout:.0f}s: " + "; ".join(problems),
+                                    f"ernie-deploy logs -i INV {run.host.name} shows the journal")
+                    return
+                fleet.progress(run.host.name, f"waiting: {problems[0]}")
+                fleet.abort.wait(self.options.wait_poll)
+
+        record.results = [r.result for r in fleet.run(hosts, [wait])]
+
+    def _verify(self, play: Play, task: Task, hosts: list[Host], record: TaskRun, fleet: Fleet,
+                expectations: Expectations | None = None) -> None:
+        verifier = Verifier(self.ctx, self.connector, fleet.options, expectations=expectations or
+                            verify_expectations(task))
+        verifier.fleet = fleet
+        record.results = verifier.run(hosts)
+
+    def _gpu_check(self, play: Play, task: Task, hosts: list[Host], record: TaskRun, fleet: Fleet) -> None:
+        self._verify(play, task, hosts, record, fleet, Expectations())
+        for r in record.results:
+            if r.status not in (Status.OK, Status.FAILED) or not r.checks:
+                continue
+            r.checks = [c for c in r.checks if c.name.startswith("gpu")]
+            failed = [c for c in r.checks if c.status == "fail"]
+            r.status = Status.FAILED if failed else Status.OK
+            r.message = (f"{len(failed)} of {len(r.checks)} GPU checks failed" if failed
+                         else f"all {len(r.checks)} GPU checks passed")
+
+    def _hook(self, play: Play, task: Task, hosts: list[Host], record: TaskRun, fleet: Fleet) -> None:
+        timeout = float(task.args.get("timeout", 60.0))
+        base = {"ERNIE_HOOK": task.name, "ERNIE_COMMAND": self._label(task), "ERNIE_PLAY": play.name,
+                "ERNIE_HOSTS": " ".join(h.name for h in hosts)}
+        if task.args.get("once"):
+            outcome = hooks.run(task.name, task.args["run"], base, timeout)
+            record.results = [_hook_result(h.name, outcome) for h in hosts]
+            return
+
+        def one(run: HostRun) -> None:
+            env = {**base, "ERNIE_HOST": run.host.name, "ERNIE_ADDRESS": run.host.address}
+            fleet.progress(run.host.name, f"hook {task.name}")
+            done = _hook_result(run.host.name, hooks.run(task.name, task.args["run"], env, timeout))
+            run.result.status, run.result.message, run.result.evidence = done.status, done.message, done.evidence
+
+        record.results = [r.result for r in fleet.run(hosts, [one])]
+
+    def _pause(self, play: Play, task: Task, hosts: list[Host], record: TaskRun, fleet: Fleet) -> None:
+        if "prompt" in task.args:
+            ok = self.confirm is not None and self.confirm(str(task.args["prompt"]))
+            message = "confirmed" if ok else "not confirmed: the run stops here"
+        else:
+            seconds = float(task.args["seconds"])
+            with fleet.signals():
+                fleet.abort.wait(seconds)
+            self.stopped_by = fleet.signal
+            ok, message = fleet.signal is None, f"paused {seconds:g}s"
+        record.results = [HostResult(h.name, Status.OK if ok else Status.FAILED, message) for h in hosts]
+        if not ok and self.stopped_by is None:
+            self.ended = f"task {task.name!r} was not confirmed"
+
+    def _label(self, task: Task) -> str:
+        """What the audit log and hooks see as the command."""
+        return f"{self.options.command} ({task.name})"
+
+    def _command(self, play: Play, task: Task, hosts: list[Host], record: TaskRun, fleet: Fleet) -> None:
+        timeout = float(task.args.get("timeout", 600.0))
+        script = str(task.args["run"])
+
+        def one(run: HostRun) -> None:
+            session = fleet.connect(run)
+            audit = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": self._label(task),
+                     "host": run.host.name, "action": "command", "run": script}
+            fleet.progress(run.host.name, f"running {task.name}")
+            with fleet.step(run, "command") as step:
+                # The operator's command runs in a subshell, so its `exit` cannot skip the audit line.
+                r = session.run(Command(Op.COMMAND, f"( {script}\n)\nrc=$?\n{audit_line(audit)}\nexit $rc\n",
+                                        timeout=timeout, check=False))
+                step.changed = True
+            lines = r.text.strip().splitlines()[-10:]
+            if r.code != 0:
+                err = r.stderr.decode(errors="replace").strip().splitlines()[-5:]
+                run.result.fail(Status.FAILED, f"command exited {r.code}" + (f": {err[-1]}" if err else ""),
+                                "see the command's output above; fix it and run again")
+                run.result.evidence = lines + err
+                return
+            run.result.status, run.result.message, run.result.evidence = Status.CHANGED, "command ran", lines
+
+        record.results = [r.result for r in fleet.run(hosts, [one])]
+
+
+def _instance(args: dict[str, Any] | Any) -> str | None:
+    value = args.get("instance")
+    return None if value is None else str(value)
+
+
+def _hook_result(host: str, outcome: hooks.HookResult) -> HostResult:
+    status = Status.OK if outcome.ok else Status.FAILED
+    return HostResult(host, status, outcome.summary, None if outcome.ok else "fix the hook command and run again",
+                      evidence=list(outcome.output))
