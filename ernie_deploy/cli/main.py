@@ -19,6 +19,7 @@ from ernie_deploy.cli.lab import register as register_lab
 from ernie_deploy.cli.provision import register as register_provision
 from ernie_deploy.cli.remote import register as register_remote
 from ernie_deploy.cli.run import register as register_run
+from ernie_deploy.cli.status import register as register_status
 from ernie_deploy.errors import DeployError, ExitCode
 from ernie_deploy.inventory.inventory import Inventory, load_inventory
 from ernie_deploy.output import console
@@ -104,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_remote(sub, _common)
     register_provision(sub, _common)
     register_run(sub, _common)
+    register_status(sub, _common)
     register_lab(sub)
     return parser
 

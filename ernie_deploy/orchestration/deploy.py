@@ -218,7 +218,8 @@ class Runner:
         """Stage the files (recording a release); nothing is restarted."""
         assert run.session is not None
         changes, name = snap.changes, run.host.name
-        if not (changes.files or changes.units):
+        # Units that only need a (re)start are found again by the next run; a release is a set of files.
+        if not changes.files:
             return
         self.fleet.progress(name, f"staging {len(changes.files)} file(s)")
         audit = self._audit(run, "stage", changes)

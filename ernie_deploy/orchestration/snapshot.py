@@ -6,6 +6,7 @@ host is changed, because facts go stale during a long rollout.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ class Snapshot:
     files: list[RenderedFile]
     changes: converge.Changes
     taken: float  # time.monotonic() when the facts were read
+    text: str = ""  # the gather's whole output (with SnapshotOptions.extra's sections)
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,7 @@ class SnapshotOptions:
     lock_wait: float = 0.0
     prune: bool = False
     render: bool = True
+    extra: str = ""  # more script run in the same round trip (read-only runs only); its output is in .text
 
 
 def discovered(facts: HostFacts) -> Discovered:
@@ -64,6 +67,8 @@ def take(fleet: Fleet, run: HostRun, ctx: PlanContext, templates: jinja2.Environ
     session = fleet.connect(run)
     fleet.progress(host.name, "gathering facts")
     gather = gather_command(pre.model_path, pre.bin, str(pre.settings["user"].value))
+    if opts.extra:
+        gather = dataclasses.replace(gather, script=gather.script + opts.extra)
     with fleet.step(run, "facts" if opts.lock is None else "lock + facts"):
         text = session.run(gather).text if opts.lock is None else lock_and_gather(fleet, run, opts, gather.script)
     facts = parse_facts(text)
@@ -76,7 +81,7 @@ def take(fleet: Fleet, run: HostRun, ctx: PlanContext, templates: jinja2.Environ
             return None
     files = render_host(plan, templates) if opts.render else []
     return Snapshot(plan, facts, files, converge.compute_changes(plan, files, facts, opts.prune, stable_of(plan)),
-                    time.monotonic())
+                    time.monotonic(), text)
 
 
 def stable_of(plan: HostPlan) -> float:

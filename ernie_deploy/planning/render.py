@@ -64,6 +64,22 @@ def systemd_word(value: str, what: str, host: str) -> str:
     return escaped if _PLAIN_WORD.fullmatch(escaped) else f'"{escaped}"'
 
 
+def unescape_word(word: str) -> str:
+    """The argument systemd passes for one ExecStart= word written by systemd_word (its inverse)."""
+    if len(word) >= 2 and word[0] == word[-1] == '"':
+        word = word[1:-1]
+    out, i = [], 0
+    while i < len(word):
+        pair = word[i:i + 2]
+        if pair in ("\\\\", '\\"', "%%", "$$"):
+            out.append(pair[1])
+            i += 2
+        else:
+            out.append(word[i])
+            i += 1
+    return "".join(out)
+
+
 def _value_word(value: str, what: str, host: str) -> str:
     """A flag's value or a positional: must not look like a flag to vLLM's argument parser."""
     if value.startswith("-") or not value:

@@ -40,6 +40,7 @@ class Op(Enum):
     SWITCH = "switch in files"
     HUB_DOWNLOAD = "download from the Hub"
     COMMAND = "operator command"  # a playbook's `command` task
+    LOGS = "read journal"
     SCRIPT = "script"  # an ad-hoc script (tests, the lab): no orchestration flow sends one
 
 

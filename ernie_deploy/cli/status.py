@@ -1,0 +1,129 @@
+"""`status` (what runs against the plan, drift with fixes) and `logs` (an instance's journal); thin."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from ernie_deploy.cli.remote import connector, fleet_options, host_error, say_stopped, ssh_options, targets
+from ernie_deploy.errors import DeployError, ExitCode
+from ernie_deploy.orchestration.fleet import Fleet
+from ernie_deploy.orchestration.restart import select
+from ernie_deploy.orchestration.results import exit_code
+from ernie_deploy.orchestration.status import StatusReader
+from ernie_deploy.orchestration.transport import Transport, target_for
+from ernie_deploy.output import console
+from ernie_deploy.planning.plan import plan_host
+from ernie_deploy.remote import logs
+
+SCHEMA = "ernie-deploy/status/v1"
+
+
+def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
+    p = sub.add_parser("status", help="what runs on each host against the plan, and every drift with its fix",
+                       description="Read-only, one round trip per host: per instance its systemd state, uptime, "
+                                   "restarts and /health; per host the current release, the last change in the "
+                                   "audit log and the deploy lock; and drift: files that differ from the "
+                                   "rendered ones, unit files systemd has not reloaded, a process whose command "
+                                   "line is not the plan's or that started before its files last changed, "
+                                   "staged files not restarted, drop-ins, units the plan no longer has, vLLM "
+                                   "processes outside the managed units, instances down. Exit codes: 0 no "
+                                   "drift, 2 drift (or a plan error), 4 unreachable.")
+    common(p)
+    ssh_options(p)
+    p.add_argument("--templates", type=Path, metavar="DIR", help="the templates deploy used (as for deploy)")
+    p.add_argument("--json", action="store_true", help=f"machine-readable output (schema {SCHEMA})")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("logs", help="an instance's journal: its current run (or the one before with --previous)",
+                       description="The journal lines of one instance's current run (its systemd invocation), "
+                                   "without older runs mixed in; -f follows new lines until Ctrl-C.")
+    common(p, limit=False)
+    ssh_options(p)
+    p.add_argument("host", help="inventory host name")
+    p.add_argument("--instance", metavar="K", help="index or unit name (default: the host's first instance)")
+    p.add_argument("-n", "--lines", type=int, default=50, metavar="N", help="show the last N lines (default 50)")
+    p.add_argument("-F", "--follow", action="store_true", help="keep printing new lines until Ctrl-C")
+    p.add_argument("--previous", action="store_true", help="the run before the current one (after a crash)")
+    p.set_defaults(func=cmd_logs)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    _, ctx, hosts = targets(args)
+    fleet = Fleet(connector(args), fleet_options(args))
+    reader = StatusReader(ctx, fleet, args.templates)
+    with console.HostProgress("status") as progress:
+        fleet.progress = progress.update
+        results = reader.run(hosts)
+    code = exit_code(results, fleet.signal)
+    say_stopped(fleet.signal)
+    if args.json:
+        console.print_json({"schema": SCHEMA, "exit_code": code, "hosts": {
+            r.host: {"error": None if r.host in reader.reports else host_error(r) or r.message,
+                     **(reader.reports[r.host].to_json() if r.host in reader.reports else {})} for r in results}})
+        return code
+    for r in results:
+        report = reader.reports.get(r.host)
+        if report is None:
+            console.out.print(host_error(r) or f"{r.host}: {r.message}", markup=False, highlight=False)
+            for f in r.findings:
+                console.out.print(f"    {f.severity.value} [{f.code}] {f.message}", markup=False, highlight=False)
+            continue
+        last = report.last_change
+        changed = f"{last['time']} {last['user']} {last['command']} ({last['action']})" if last else "none recorded"
+        console.out.print(f"{r.host}: vLLM {report.vllm or '?'}, release {report.release or '(none matches)'}, "
+                          f"last change {changed}, lock {report.lock or 'free'}", markup=False, highlight=False)
+        for inst in report.instances:
+            up = f"up {inst['uptime_s']:.0f}s" if inst["uptime_s"] is not None else "not up"
+            console.out.print(f"    {inst['unit']}: {inst['state']} pid {inst['pid']} {up} restarts "
+                              f"{inst['restarts']} health {inst['health'] or '-'} (GPUs "
+                              f"{','.join(map(str, inst['gpus']))}, port {inst['port']})", markup=False,
+                              highlight=False)
+        for d in report.drift:
+            console.out.print(f"    drift [{d.kind}] {d.message}", markup=False, highlight=False)
+            console.out.print(f"      fix: {d.fix}", markup=False, highlight=False)
+        if not report.drift:
+            console.out.print("    no drift", markup=False)
+    return code
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    inventory, ctx, _ = targets(argparse.Namespace(**{**vars(args), "limit": None}))
+    if args.host not in inventory.hosts:
+        raise DeployError(f"no host {args.host!r} in the inventory", where=str(args.inventory),
+                          hint="run `ernie-deploy inventory -i INV --graph` to list the hosts")
+    if args.lines < 1:
+        raise DeployError(f"--lines must be 1 or more, got {args.lines}")
+    host = inventory.hosts[args.host]
+    # The inventory-only plan names the units; an instance the host's GPUs would add shows up after a deploy.
+    (inst, *_) = select(plan_host(host, ctx), args.instance)
+    unit = f"{inst.unit}.service"
+    session = connector(args)(target_for(host, tuple(args.known_hosts)))
+    try:
+        return _show_logs(args, session, unit)
+    except KeyboardInterrupt:
+        return ExitCode.OK
+    finally:
+        session.close()
+
+
+def _show_logs(args: argparse.Namespace, session: Transport, unit: str) -> int:
+    r = session.run(logs.logs_command(unit, args.lines, args.previous))
+    if r.code != 0:
+        raise DeployError(f"{unit}: {r.stderr.decode(errors='replace').strip() or f'exit {r.code}'}",
+                          where=args.host, hint="ernie-deploy status -i INV --limit HOST shows its state")
+    invocation, lines, cursor = logs.split(r.text)
+    console.err.print(f"{args.host} {unit}, run {invocation}" + (" (the previous one)" if args.previous else ""),
+                      markup=False)
+    for line in lines:
+        console.verbatim(line + "\n")
+    while args.follow:
+        time.sleep(1.0)
+        r = session.run(logs.logs_command(unit, args.lines, args.previous, cursor))
+        _, lines, after = logs.split(r.text)
+        cursor = after or cursor
+        for line in lines:
+            console.verbatim(line + "\n")
+    return ExitCode.OK

@@ -1,0 +1,165 @@
+"""`status`: what really runs on each host against the plan, read in one round trip, changing nothing.
+
+Per instance: systemd's state, uptime, restarts, /health. Per host: the current release (the kept release
+whose files are the installed ones), the last change in the audit log, the deploy lock. And drift, each with
+its fix: managed files that differ from the rendered ones; unit files systemd has not reloaded
+(NeedDaemonReload); a main process whose command line is not the plan's ExecStart (a unit edited by hand and
+restarted), or that started before its unit or env file last changed (an edit not in effect); units staged
+and not restarted; drop-ins on managed units; managed units the plan no longer has; and `vllm serve`
+processes outside every managed unit (started by hand).
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from ernie_deploy.orchestration.cycle import unit_of
+from ernie_deploy.orchestration.fleet import Fleet, HostRun
+from ernie_deploy.orchestration.results import HostResult, Status
+from ernie_deploy.orchestration.snapshot import Snapshot, SnapshotOptions, stable_of, take
+from ernie_deploy.orchestration.transport import RemoteHost
+from ernie_deploy.planning.plan import PlanContext
+from ernie_deploy.planning.render import environment_for_templates, exec_words, templates_dir, unescape_word
+from ernie_deploy.remote import converge, lock, releases
+from ernie_deploy.remote.status import HostStatus, parse, status_script
+from ernie_deploy.remote.systemd import up_seconds
+
+
+@dataclass(frozen=True)
+class Drift:
+    kind: str  # file, daemon-reload, cmdline, not-applied, pending, drop-in, leftover, process
+    subject: str  # the file, unit or process
+    message: str
+    fix: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"kind": self.kind, "subject": self.subject, "message": self.message, "fix": self.fix}
+
+
+@dataclass
+class HostReport:
+    instances: list[dict[str, Any]] = field(default_factory=list)
+    drift: list[Drift] = field(default_factory=list)
+    release: str | None = None
+    last_change: dict[str, Any] | None = None
+    lock: str | None = None
+    vllm: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"instances": self.instances, "drift": [d.to_json() for d in self.drift], "release": self.release,
+                "last_change": self.last_change, "lock": self.lock, "vllm": self.vllm}
+
+
+def expected_args(snap: Snapshot, unit: str) -> tuple[str, ...] | None:
+    """The arguments after `serve` the plan's ExecStart passes, as the process would see them."""
+    for inst in snap.plan.instances:
+        if unit_of(inst) == unit:
+            words = [unescape_word(w) for w in exec_words(snap.plan, inst)]
+            return tuple(words[words.index("serve") + 1:])
+    return None
+
+
+def drifts(host: str, snap: Snapshot, seen: HostStatus) -> list[Drift]:
+    fix = f"ernie-deploy deploy -i INV --limit {host}"
+    facts, changes = snap.facts, snap.changes
+    out = []
+    for c in changes.files:
+        what = "is missing" if c.old_sha256 is None else "differs from the plan (edited by hand, or not deployed)"
+        out.append(Drift("file", c.path, f"{c.path} {what}", fix))
+    planned = [unit_of(i) for i in snap.plan.instances]
+    for unit in planned:
+        state = facts.units.get(unit)
+        if state is None:
+            continue
+        if state.need_daemon_reload:
+            out.append(Drift("daemon-reload", unit, f"{unit}: its unit file changed on disk and systemd still runs "
+                                                    "the definition it loaded before (NeedDaemonReload=yes)", fix))
+        proc = seen.procs.get(seen.main_pids.get(unit, 0))
+        args = proc.serve_args if proc is not None else None
+        wanted = expected_args(snap, unit)
+        if args is not None and wanted is not None and args != wanted:
+            out.append(Drift("cmdline", unit, f"{unit} runs `vllm serve {shlex.join(args)}`, the plan says "
+                                              f"`vllm serve {shlex.join(wanted)}`", fix))
+        newer = converge.newer_than_process(unit, facts)
+        if newer and unit not in facts.pending:
+            out.append(Drift("not-applied", unit, f"{unit}: {', '.join(newer)} changed after its process started, "
+                                                  "so the change is not in effect", fix))
+        if unit in facts.pending:
+            out.append(Drift("pending", unit, f"{unit}: staged files wait for a restart", fix))
+        problem = converge.serving_problem(unit, facts, stable_of(snap.plan))
+        if problem is not None:
+            out.append(Drift("down", unit, f"{unit}: {problem}", fix))
+    for path in changes.dropins:
+        out.append(Drift("drop-in", path, f"{path} overrides a managed unit (systemctl edit?)",
+                         f"fold the setting into the inventory, then {fix} --prune"))
+    for unit in changes.leftover:
+        out.append(Drift("leftover", unit, f"{unit} is installed but not in the plan", f"{fix} --prune"))
+    managed = {f"{PurePosixPath(p).name}" for p in facts.files if p.endswith(".service")}
+    # A server's engine and workers can share its command line and cgroup: one drift per server, the oldest.
+    foreign: dict[tuple[str, tuple[str, ...]], list[int]] = {}
+    for proc in sorted(seen.procs.values(), key=lambda p: p.pid):
+        if proc.serve_args is not None and proc.unit not in managed:
+            foreign.setdefault((proc.cgroup, proc.argv), []).append(proc.pid)
+    for (cgroup, argv), pids in foreign.items():
+        unit = seen.procs[pids[0]].unit
+        where = f"in {unit}" if unit else f"outside systemd ({cgroup or 'no cgroup'})"
+        more = f" (and {len(pids) - 1} process(es) of it)" if len(pids) > 1 else ""
+        out.append(Drift("process", str(pids[0]), f"vLLM process {pids[0]}{more} runs {where}, not under a managed "
+                                                  f"unit: {shlex.join(argv)}",
+                         f"stop it (kill {pids[0]}) if it is not yours to keep, then {fix}"))
+    return out
+
+
+def report_of(host: str, snap: Snapshot, seen: HostStatus) -> HostReport:
+    facts = snap.facts
+    report = HostReport(vllm=facts.vllm_version)
+    stable = stable_of(snap.plan)
+    for inst in snap.plan.instances:
+        unit = unit_of(inst)
+        state = facts.units.get(unit)
+        up = up_seconds(state, facts.now_us) if state is not None else None
+        report.instances.append({
+            "unit": unit, "gpus": list(inst.gpus), "port": inst.port,
+            "state": f"{state.active_state}/{state.sub_state}" if state else "not installed",
+            "pid": state.main_pid if state else 0, "uptime_s": round(up, 1) if up is not None else None,
+            "restarts": state.n_restarts if state else 0, "health": facts.health.get(unit),
+            "serving": converge.serving_problem(unit, facts, stable) is None,
+            "problem": converge.serving_problem(unit, facts, stable)})
+    now = releases.current(seen.releases, facts.files)
+    report.release = now.id if now else None
+    if seen.audit:
+        last = seen.audit[-1]
+        report.last_change = {k: last.get(k) for k in ("time", "user", "controller", "command", "action")}
+    holder = lock.parse_info(facts.lock_info) if facts.lock_info else None
+    report.lock = holder.describe() if holder else ("held (no details)" if facts.lock_info else None)
+    report.drift = drifts(host, snap, seen)
+    return report
+
+
+class StatusReader:
+    def __init__(self, ctx: PlanContext, fleet: Fleet, templates: Path | None = None) -> None:
+        self.ctx, self.fleet = ctx, fleet
+        self.templates = environment_for_templates(templates_dir(templates))
+        self.reports: dict[str, HostReport] = {}
+
+    def run(self, hosts: Sequence[RemoteHost]) -> list[HostResult]:
+        return [r.result for r in self.fleet.run(hosts, [self._host])]
+
+    def _host(self, run: HostRun) -> None:
+        snap = take(self.fleet, run, self.ctx, self.templates, SnapshotOptions(extra=status_script()))
+        if snap is None:
+            return
+        report = report_of(run.host.name, snap, parse(snap.text))
+        self.reports[run.host.name] = report
+        result = run.result
+        if report.drift:
+            result.status = Status.FAILED
+            result.message = f"{len(report.drift)} drift(s) from the plan"
+            result.hint = f"ernie-deploy deploy -i INV --limit {run.host.name}"
+        else:
+            serving = sum(1 for i in report.instances if i["serving"])
+            result.message = f"no drift; {serving} of {len(report.instances)} instance(s) serving"
