@@ -105,8 +105,8 @@ def drifts(host: str, snap: Snapshot, seen: HostStatus) -> list[Drift]:
         if proc.serve_args is not None and proc.unit not in managed:
             foreign.setdefault((proc.cgroup, proc.argv), []).append(proc.pid)
     for (cgroup, argv), pids in foreign.items():
-        unit = seen.procs[pids[0]].unit
-        where = f"in {unit}" if unit else f"outside systemd ({cgroup or 'no cgroup'})"
+        owner = seen.procs[pids[0]].unit
+        where = f"in {owner}" if owner else f"outside systemd ({cgroup or 'no cgroup'})"
         more = f" (and {len(pids) - 1} process(es) of it)" if len(pids) > 1 else ""
         out.append(Drift("process", str(pids[0]), f"vLLM process {pids[0]}{more} runs {where}, not under a managed "
                                                   f"unit: {shlex.join(argv)}",

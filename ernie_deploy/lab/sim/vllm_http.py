@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import sys
 import threading
 import time
 import uuid
@@ -560,10 +561,19 @@ class _scheduled:
         s.on_load_change(running)
 
 
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that goes away mid-request (reset, broken pipe) is routine; uvicorn, which vLLM serves with,
+        # logs no traceback for it, so neither may the simulator (verify would read one as a start-up error).
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
+
+
 def make_server(sock: Any, state: ServerState) -> ThreadingHTTPServer:
     """Serve on an already bound socket (vLLM binds early and listens only once the engine is up)."""
     handler = type("BoundHandler", (Handler,), {"state": state})
-    server = ThreadingHTTPServer(sock.getsockname()[:2], handler, bind_and_activate=False)
+    server = _Server(sock.getsockname()[:2], handler, bind_and_activate=False)
     server.socket.close()
     server.socket = sock
     server.server_address = sock.getsockname()[:2]
