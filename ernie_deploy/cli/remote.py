@@ -39,14 +39,15 @@ from ernie_deploy.remote.ssh import HostKeyPolicy, connect
 log = logging.getLogger(__name__)
 
 
-def ssh_options(p: argparse.ArgumentParser) -> None:
+def ssh_options(p: argparse.ArgumentParser, forks: bool = True) -> None:
     p.add_argument("--host-key-policy", choices=[x.value for x in HostKeyPolicy], default="strict",
                    help="strict (default): refuse unknown and changed host keys; accept-new: record unknown keys "
                         "(logged), still refuse changed ones")
     p.add_argument("--known-hosts", action="append", default=[], metavar="FILE",
                    help="extra known_hosts file (besides ~/.ssh/known_hosts and the inventory's ernie_known_hosts)")
     p.add_argument("--connect-timeout", type=float, default=10.0, metavar="S", help="SSH connect timeout")
-    p.add_argument("-f", "--forks", type=int, default=5, metavar="N", help="hosts worked on in parallel")
+    if forks:
+        p.add_argument("-f", "--forks", type=int, default=5, metavar="N", help="hosts worked on in parallel")
 
 
 def targets(args: argparse.Namespace) -> tuple[Any, PlanContext, list[Host]]:

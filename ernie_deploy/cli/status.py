@@ -41,11 +41,11 @@ def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
                        description="The journal lines of one instance's current run (its systemd invocation), "
                                    "without older runs mixed in; -f follows new lines until Ctrl-C.")
     common(p, limit=False)
-    ssh_options(p)
+    ssh_options(p, forks=False)  # one host: -f follows, as with journalctl and tail
     p.add_argument("host", help="inventory host name")
     p.add_argument("--instance", metavar="K", help="index or unit name (default: the host's first instance)")
     p.add_argument("-n", "--lines", type=int, default=50, metavar="N", help="show the last N lines (default 50)")
-    p.add_argument("-F", "--follow", action="store_true", help="keep printing new lines until Ctrl-C")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until Ctrl-C")
     p.add_argument("--previous", action="store_true", help="the run before the current one (after a crash)")
     p.set_defaults(func=cmd_logs)
 
@@ -90,7 +90,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    inventory, ctx, _ = targets(argparse.Namespace(**{**vars(args), "limit": None}))
+    inventory, ctx, _ = targets(argparse.Namespace(**{**vars(args), "limit": None}))  # -i and --table only
     if args.host not in inventory.hosts:
         raise DeployError(f"no host {args.host!r} in the inventory", where=str(args.inventory),
                           hint="run `ernie-deploy inventory -i INV --graph` to list the hosts")
