@@ -68,6 +68,7 @@ class FakeHost:
     applied: list[str] = field(default_factory=list)  # stage scripts
     releases: list[dict[str, object]] = field(default_factory=list)
     pending: set[str] = field(default_factory=set)
+    pending_from: dict[str, str] = field(default_factory=dict)  # pending unit → the release it ran when staged
     unreachable: bool = False
     restart_marker: bool = True  # False: activate prints no marker (a host that swallows output)
     serve_len: int | None = None  # /v1/models reports this max_model_len instead of the unit's
@@ -93,16 +94,18 @@ class FakeHost:
                 f"{MARK}model\n{CONFIG}\nrc=0\n{MARK}modeluser\n"
                 + {True: "readable\n", False: "unreadable\n", None: ""}[self.model_readable]
                 + f"{MARK}vllm\n0.34.0\nrc=0\n{MARK}pending\n"
-                + "\n".join(sorted(self.pending)) + f"\n{MARK}end\n")
+                + "\n".join(f"{u} {self.pending_from[u]}" if u in self.pending_from else u
+                            for u in sorted(self.pending)) + f"\n{MARK}end\n")
 
     def unit_names(self) -> list[str]:
         return sorted({p.rsplit("/", 1)[1] for p in self.files if p.endswith(".service")})
 
     def show(self, u: str) -> str:
         running = u in self.active
+        invocation = f"run-{self.starts[u]}" if u in self.starts else ""  # systemd has none before a first start
         return (f"Id={u}\nLoadState=loaded\nActiveState={'active' if running else 'inactive'}\n"
                 f"SubState={'running' if running else 'dead'}\nResult=success\nMainPID={self.pid(u) if running else 0}"
-                f"\nInvocationID=x\nNRestarts=0\nExecMainStartTimestampMonotonic={self.active.get(u, 0)}\n"
+                f"\nInvocationID={invocation}\nNRestarts=0\nExecMainStartTimestampMonotonic={self.active.get(u, 0)}\n"
                 f"UnitFileState=enabled")
 
     def pid(self, u: str) -> int:
@@ -122,7 +125,11 @@ class FakeHost:
         record = json.loads(staged["release.json"])
         self.releases.append(record)
         self.release_files[str(record["id"])] = dict(self.files)
-        self.pending |= set(re.findall(r"ernie-vllm-\d+\.service", cmd.script.split(">> ")[0]))
+        marked = re.findall(r"(ernie-vllm-\d+\.service)(?: ([^'\s]+))?", cmd.script.split(">> ")[0].split("printf")[-1])
+        for unit, ran in marked:
+            if unit not in self.pending and ran:  # the first record of a unit is kept, as the awk on the host does
+                self.pending_from[unit] = ran
+            self.pending.add(unit)
         self.applied.append(cmd.script)
 
     def activate(self, cmd: Command) -> str:
@@ -130,6 +137,7 @@ class FakeHost:
             self.starts[u] = self.starts.get(u, 0) + 1
             self.active[u] = self.starts[u]
             self.pending.discard(u)
+            self.pending_from.pop(u, None)
             self.log.append(f"start {u}")
         if not self.restart_marker:
             return ""
@@ -179,6 +187,8 @@ class FakeHost:
         for u in re.findall(r"systemctl stop '?([\w.-]+\.service)", cmd.script):
             self.active.pop(u, None)
         self.pending -= set(cmd.units)
+        for u in cmd.units:
+            self.pending_from.pop(u, None)
         self.log.append("undo " + " ".join(cmd.units))
         return ""
 
