@@ -30,8 +30,10 @@ def demo_dir(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pat
 
 def test_demo_runs_the_whole_job_on_the_lab(demo_dir: Path) -> None:
     env = {**os.environ, "ERNIE_DEMO_DIR": str(demo_dir)}
-    done = subprocess.run([str(ROOT / "scripts/demo")], env=env, capture_output=True, text=True, timeout=900)
-    out = done.stdout + done.stderr
+    # One stream, in the order a reader sees it: the demo's headings and the tools' results interleave.
+    done = subprocess.run([str(ROOT / "scripts/demo")], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=900)
+    out = done.stdout
     assert done.returncode == 0, out[-4000:]
     site, _, restart = out.partition("rolling-restart.yml under")
     for host in HOSTS:
