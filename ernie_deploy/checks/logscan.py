@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ernie_deploy.checks.result import CheckResult, Status
-from ernie_deploy.checks.signatures import CONTEXT_KEYS, JOURNAL_PREFIX, as_text, scan, strip_prefix
+from ernie_deploy.checks.signatures import CONTEXT_KEYS, JOURNAL_PREFIX, as_text, prefix_patterns, scan, strip_prefix
 from ernie_deploy.errors import ConfigError
 
 _START = re.compile(r"^(?:vLLM API server version |vLLM server version )")
@@ -285,3 +285,14 @@ def check_startup_log(
                                    (hit,) if hit else (), instance=instance))
     results.append(_check_fatal(all_lines, ctx, instance))
     return results
+
+
+def patterns() -> dict[str, str]:
+    """The regular expressions these checks read a start-up log with, by name: the exported Ansible role's
+    checker (export/hostscript.py) is given exactly these, so the two can only disagree in logic, which
+    tests/test_export_checker.py compares on the log fixtures."""
+    return {
+        "start": _START.pattern, "non_default": _NON_DEFAULT.pattern, "engine": _ENGINE.pattern,
+        "cfg_tp": _CFG_TP.pattern, "arg_tp": _ARG_TP.pattern, "using_tp": _USING_TP.pattern,
+        "worker": _WORKER.pattern, "rank": _RANK.pattern, **prefix_patterns(),
+    }

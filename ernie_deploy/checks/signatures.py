@@ -35,7 +35,13 @@ _LOG_HEADER = re.compile(
     r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? (?:\[[^\]]*\]|[^\s\]]+:\d+\]) "
 )
 
-_MAX_SPAN = 400  # lines between a traceback's first line and its exception line
+MAX_SPAN = 400  # lines between a traceback's first line and its exception line
+
+
+def prefix_patterns() -> dict[str, str]:
+    """The prefixes strip_prefix removes, as regular expressions by name (for the exported checker)."""
+    return {"journal_prefix": JOURNAL_PREFIX.pattern, "proc_prefix": _PROC_PREFIX.pattern,
+            "log_header": _LOG_HEADER.pattern}
 
 
 def strip_prefix(line: str) -> str:
@@ -173,7 +179,7 @@ def _find(sig: Signature, msgs: Sequence[str], start: int) -> tuple[int, int, re
             continue
         if sig.end is None:
             return i, i, found
-        for j in range(i + 1, min(len(msgs), i + 1 + _MAX_SPAN)):
+        for j in range(i + 1, min(len(msgs), i + 1 + MAX_SPAN)):
             if sig.end.search(msgs[j]):
                 return i, j, found
     return None

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from ernie_deploy import __version__
+from ernie_deploy.cli.export import register as register_export
 from ernie_deploy.cli.lab import register as register_lab
 from ernie_deploy.cli.provision import register as register_provision
 from ernie_deploy.cli.remote import register as register_remote
@@ -106,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_provision(sub, _common)
     register_run(sub, _common)
     register_status(sub, _common)
+    register_export(sub, _common)
     register_lab(sub)
     return parser
 

@@ -1,0 +1,106 @@
+"""`export ansible`: write the plan as a self-contained Ansible project (docs/ansible.md); thin."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from ernie_deploy.errors import DeployError, ExitCode
+from ernie_deploy.export.ansible import MARKER, ExportOptions, export_files, host_files
+from ernie_deploy.inventory.inventory import load_inventory
+from ernie_deploy.output import console
+from ernie_deploy.planning.batches import parse_percentage, parse_serial
+from ernie_deploy.planning.plan import PlanContext, plan_hosts
+from ernie_deploy.planning.render import environment_for_templates, render_host, templates_dir
+
+SCHEMA = "ernie-deploy/export/v1"
+
+
+def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
+    p = sub.add_parser("export", help="write the plan as content another engine runs (an Ansible project)",
+                       description="Plan and render every host as `render` does, then write a self-contained "
+                                   "Ansible project: a role (ansible.builtin only) holding the rendered units "
+                                   "verbatim and env files whose only variables are the secrets, site.yml, "
+                                   "rolling-restart.yml and verify.yml, the inventory with every secret value "
+                                   "replaced by a vault variable, and ansible.cfg with host-key checking on. It "
+                                   "runs under ansible-playbook, ansible-runner and AWX without ernie-deploy, "
+                                   "and keeps ernie-deploy's lock, releases and audit log on the hosts. Touches "
+                                   "no host. Exit codes: 0 written, 1 a plan has errors (nothing written), "
+                                   "5 bad input.")
+    p.add_argument("target", choices=("ansible",), help="the engine to write for")
+    common(p)
+    p.add_argument("-o", "--output", type=Path, required=True, metavar="DIR",
+                   help="directory to write; an earlier export there is replaced, any other non-empty "
+                        "directory is refused")
+    p.add_argument("--templates", type=Path, metavar="DIR", help="unit and env templates (as for render)")
+    p.add_argument("--serial", default="1", metavar="S",
+                   help="hosts per batch of the plays, as for `ernie-deploy restart` (default 1)")
+    p.add_argument("--canary", type=int, default=0, metavar="N", help="the first N hosts form a batch of their own")
+    p.add_argument("--max-fail-percentage", metavar="P",
+                   help="the plays stop when more than P%% of a batch's hosts fail (Ansible's max_fail_percentage)")
+    p.add_argument("--pre-drain", default="", metavar="CMD",
+                   help="run on the controller before each instance is drained (take it out of the load "
+                        "balancer); ERNIE_* variables say which, as for `ernie-deploy restart`")
+    p.add_argument("--post-ready", default="", metavar="CMD", help="run after an instance is ready (put it back)")
+    p.add_argument("--json", action="store_true", help=f"machine-readable output (schema {SCHEMA})")
+    p.set_defaults(func=cmd_export)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    if args.canary < 0:
+        raise DeployError(f"--canary must be 0 or more, got {args.canary}")
+    options = ExportOptions(serial=parse_serial(args.serial), canary=args.canary,
+                            max_fail_percentage=parse_percentage(args.max_fail_percentage)
+                            if args.max_fail_percentage else None, pre_drain=args.pre_drain,
+                            post_ready=args.post_ready)
+    inventory = load_inventory(args.inventory)
+    ctx = PlanContext.load(args.table, base_dir=args.inventory.resolve().parent)
+    plans = plan_hosts(list(inventory.select(args.limit)), ctx)
+    if not plans:
+        raise DeployError(f"no host matches --limit {args.limit!r}", where=str(args.inventory))
+    bad = [p.name for p in plans if not p.ok]
+    if bad:
+        console.err.print(f"error: the plan has errors on {', '.join(bad)}; nothing was written "
+                          "(run `ernie-deploy plan` for the fixes)", markup=False)
+        return ExitCode.PLAN_ERRORS
+    env = environment_for_templates(templates_dir(args.templates))
+    rendered = {p.name: host_files(p, partial(render_host, env=env)) for p in plans}
+    files = export_files(args.inventory, plans, rendered, options)
+    write_tree(args.output, files)
+    if args.json:
+        console.print_json({"schema": SCHEMA, "output": str(args.output), "hosts": [p.name for p in plans],
+                            "files": [f.path for f in files]})
+    else:
+        console.out.print(f"wrote {len(files)} files for {len(plans)} host(s) to {args.output}", markup=False)
+        console.out.print(f"next: cd {args.output} && ansible-playbook site.yml -e @vault.yml (see README.md)",
+                          markup=False)
+    return ExitCode.OK
+
+
+def write_tree(target: Path, files: list[Any]) -> None:
+    """Write every file into a fresh directory beside `target`, then swap it in: never a half-written export."""
+    if target.exists() and (not target.is_dir() or (any(target.iterdir()) and not (target / MARKER).exists())):
+        raise DeployError(f"{target} exists and is not an earlier export", hint="name a new or empty directory")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        for f in files:
+            dest = staging / f.path
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, f.mode)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(f.content)
+        os.chmod(staging, 0o755)
+        old = target.parent / f".{target.name}.old"
+        shutil.rmtree(old, ignore_errors=True)
+        if target.exists():
+            target.rename(old)
+        staging.rename(target)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

@@ -1,0 +1,1 @@
+"""Export: the plan written as content other engines run (a self-contained Ansible project)."""

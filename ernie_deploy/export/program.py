@@ -1,0 +1,32 @@
+"""The host program of the exported role (hostscript.py), with the project's own log patterns filled in."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from typing import Any
+
+from ernie_deploy.checks import logscan
+from ernie_deploy.checks.signatures import MAX_SPAN, Signature, load_signatures
+
+_DATA_LINE = "DATA: dict[str, Any] = {}  # replaced by `ernie-deploy export ansible` with the checks' patterns\n"
+
+
+def checker_data(signatures: tuple[Signature, ...] | None = None) -> dict[str, Any]:
+    sigs = signatures if signatures is not None else load_signatures()
+    return {
+        "patterns": logscan.patterns(),
+        "max_span": MAX_SPAN,
+        "signatures": [{"name": s.name, "regex": [rx.pattern for rx in s.regexes],
+                        "end": s.end.pattern if s.end is not None else None, "severity": s.severity,
+                        "generic": s.generic, "cause": s.cause} for s in sigs],
+    }
+
+
+def host_program(signatures: tuple[Signature, ...] | None = None) -> str:
+    """hostscript.py as it ships in the role: DATA holds the patterns (plain JSON, read with json.loads)."""
+    source = (resources.files("ernie_deploy.export") / "hostscript.py").read_text(encoding="utf-8")
+    if source.count(_DATA_LINE) != 1:
+        raise AssertionError("hostscript.py lost its DATA line")
+    data = json.dumps(checker_data(signatures), sort_keys=True)
+    return source.replace(_DATA_LINE, f"DATA: dict[str, Any] = json.loads({data!r})\n")

@@ -1,0 +1,256 @@
+"""`export ansible` run for real: ansible-playbook (and ansible-runner's transmit | worker | process, the path
+AWX's execution nodes take) against lab hosts. The units that land equal `render`'s byte for byte, a second
+run changes nothing, ernie-deploy's verify, deploy, releases and status agree with what Ansible did, the two
+share the deploy lock, a rolling restart under load with the balancer hooks loses no request, and a start-up
+fault ends the play after its batch with that host back on the release it ran.
+
+A lab of its own (three ready hosts from 127.0.0.61) beside the session's lab, torn down at the end. The
+tests run in file order and build on each other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import secrets
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ernie_deploy.cli.main import main
+from ernie_deploy.lab import Lab, LabState
+from ernie_deploy.lab.spec import parse_spec
+from ernie_deploy.remote.lock import LockInfo, acquire_script, release_script
+from lab.loadgen import LoadBalancer, Sampler, hook
+
+pytestmark = pytest.mark.lab
+
+HOSTS = ("x1", "x2", "x3")
+FAULTS = "/etc/ernie-lab/faults.json"
+QUICK = {"load_seconds": 1}
+BIN = Path(sys.executable).parent
+RECAP = re.compile(r"^(\S+)\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.MULTILINE)
+
+
+@pytest.fixture(scope="module")
+def xlab(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    """Needs the session lab only to know the machine can run one."""
+    spec = parse_spec({"first_address": "127.0.0.61", "hosts": [
+        {"name": "x1", "gpu_model": "NVIDIA A10", "gpu_count": 1},
+        {"name": "x2", "gpu_model": "NVIDIA A10", "gpu_count": 2},
+        {"name": "x3", "gpu_model": "NVIDIA A10", "gpu_count": 1},
+    ]})
+    the_lab = Lab(tmp_path_factory.mktemp("xlab"), progress=lambda m: sys.stderr.write(f"[xlab] {m}\n"))
+    try:
+        the_lab.up(spec)
+        for host in HOSTS:
+            the_lab.ssh(host, f"mkdir -p /etc/ernie-lab && cat > {FAULTS}", input=json.dumps(QUICK))
+        yield the_lab
+    finally:
+        the_lab.down()
+
+
+@pytest.fixture(scope="module")
+def secret_values() -> dict[str, str]:
+    return {"vllm_api_key": "key-" + secrets.token_hex(12), "hf_token": "hf_" + secrets.token_hex(12)}
+
+
+def write_inventory(state: LabState, path: Path, values: dict[str, str], **host_vars: dict[str, Any]) -> Path:
+    data = yaml.safe_load(Path(state.inventory).read_text())
+    data["all"]["children"]["lab"]["vars"].update(values)
+    for host, extra in host_vars.items():
+        data["all"]["children"]["lab"]["hosts"][host].update(extra)
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.fixture(scope="module")
+def inv(xlab: Lab, secret_values: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_inventory(xlab.require_state(), tmp_path_factory.mktemp("xinv") / "inventory.yml", secret_values)
+
+
+def export(inv: Path, out: Path, values: dict[str, str], *extra: str) -> Path:
+    assert main(["export", "ansible", "-i", str(inv), "-o", str(out), *extra]) == 0
+    # What an operator keeps in an ansible-vault file (encrypted there; plain here, outside the export).
+    (out.parent / f"{out.name}-vault.yml").write_text(yaml.safe_dump(
+        {f"vault_{k}": v for k, v in values.items()}))
+    return out
+
+
+@pytest.fixture(scope="module")
+def exported(inv: Path, secret_values: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return export(inv, tmp_path_factory.mktemp("exports") / "ansible", secret_values)
+
+
+def playbook(directory: Path, name: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "ANSIBLE_NOCOLOR": "1",
+           "ANSIBLE_CONFIG": str(directory / "ansible.cfg")}
+    vault = directory.parent / f"{directory.name}-vault.yml"
+    return subprocess.run([str(BIN / "ansible-playbook"), name, "-e", f"@{vault}", *extra], cwd=directory,
+                          env=env, capture_output=True, text=True, timeout=600, check=False)
+
+
+def recap(out: str) -> dict[str, dict[str, int]]:
+    return {m[1]: {"ok": int(m[2]), "changed": int(m[3]), "unreachable": int(m[4]), "failed": int(m[5])}
+            for m in RECAP.finditer(out)}
+
+
+def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, Any]]:
+    capsys.readouterr()
+    rc = main([*argv, "--json"])
+    return rc, json.loads(capsys.readouterr().out)
+
+
+def rendered(inv: Path, out: Path) -> dict[str, dict[str, str]]:
+    """Host → unit path → sha256 of what `ernie-deploy render` writes."""
+    assert main(["render", "-i", str(inv), "-o", str(out)]) == 0
+    return {host: {f"/etc/systemd/system/{p.name}": hashlib.sha256(p.read_bytes()).hexdigest()
+                   for p in (out / host / "etc/systemd/system").glob("*.service")} for host in HOSTS}
+
+
+def on_host(xlab: Lab, host: str, paths: list[str]) -> dict[str, str]:
+    out = xlab.ssh(host, "sha256sum " + " ".join(paths)).stdout
+    return {line.split()[1]: line.split()[0] for line in out.splitlines()}
+
+
+def invocations(xlab: Lab) -> dict[str, str]:
+    return {h: xlab.ssh(h, "for u in /etc/systemd/system/ernie-vllm-*.service; do "
+                           "systemctl show -p InvocationID --value $(basename $u); done").stdout for h in HOSTS}
+
+
+def test_export_holds_no_secret_and_passes_the_syntax_check(exported: Path, secret_values: dict[str, str]) -> None:
+    everything = b"".join(p.read_bytes() for p in exported.rglob("*") if p.is_file())
+    for value in secret_values.values():
+        assert value.encode() not in everything
+    inventory = (exported / "inventory.yml").read_text()
+    assert "{{ vault_vllm_api_key }}" in inventory and "{{ vault_hf_token }}" in inventory
+    env = (exported / "roles/ernie_vllm/templates/hosts/x1/ernie-vllm-0.env.j2").read_text()
+    assert "VLLM_API_KEY='{{ vllm_api_key }}'" in env and "HF_TOKEN='{{ hf_token }}'" in env
+    for name in ("site.yml", "rolling-restart.yml", "verify.yml"):
+        done = playbook(exported, name, "--syntax-check")
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_site_deploys_units_equal_to_render_and_ernie_deploy_agrees(
+        capsys: pytest.CaptureFixture[str], xlab: Lab, inv: Path, exported: Path, tmp_path: Path) -> None:
+    done = playbook(exported, "site.yml")
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr
+    assert all(r["failed"] == 0 and r["changed"] > 0 for r in recap(done.stdout).values()), done.stdout[-3000:]
+    for host, units in rendered(inv, tmp_path / "render").items():
+        assert on_host(xlab, host, sorted(units)) == units, host
+    rc, doc = cli(capsys, "verify", "-i", str(inv))
+    assert rc == 0, doc
+    # ernie-deploy right after Ansible: nothing to change, and the release Ansible recorded is the current one.
+    rc, doc = cli(capsys, "deploy", "-i", str(inv))
+    assert rc == 0 and all(h["status"] == "ok" for h in doc["hosts"]), doc
+    rc, doc = cli(capsys, "releases", "-i", str(inv))
+    assert rc == 0, doc
+    text = json.dumps(doc)
+    assert "ansible-playbook site.yml" in text, text[:3000]
+    rc, doc = cli(capsys, "status", "-i", str(inv))
+    assert rc == 0, doc
+
+
+def test_second_run_changes_nothing(xlab: Lab, exported: Path) -> None:
+    before = invocations(xlab)
+    done = playbook(exported, "site.yml")
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr
+    assert {h: r["changed"] for h, r in recap(done.stdout).items()} == dict.fromkeys(HOSTS, 0), done.stdout[-3000:]
+    assert invocations(xlab) == before
+
+
+def test_the_awx_path_transmit_worker_process(exported: Path, tmp_path: Path) -> None:
+    """ansible-runner's streaming pipeline, as AWX runs a job on an execution node: changed=0 on a deployed lab."""
+    pdd = tmp_path / "pdd"
+    (pdd / "env").mkdir(parents=True)
+    (pdd / "inventory").mkdir()
+    subprocess.run(["cp", "-a", str(exported), str(pdd / "project")], check=True)
+    (pdd / "inventory" / "hosts.yml").write_text((exported / "inventory.yml").read_text())
+    vault = yaml.safe_load((exported.parent / f"{exported.name}-vault.yml").read_text())
+    (pdd / "env" / "extravars").write_text(json.dumps(vault))
+    (pdd / "env" / "envvars").write_text(json.dumps({"ANSIBLE_CONFIG": str(pdd / "project/ansible.cfg")}))
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
+    runner = str(BIN / "ansible-runner")
+    pipeline = (f"{runner} transmit {pdd} -p site.yml | {runner} worker | {runner} process {pdd}")
+    done = subprocess.run(["bash", "-o", "pipefail", "-c", pipeline], env=env, capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    stats = recap(done.stdout)
+    assert {h: r["changed"] for h, r in stats.items()} == dict.fromkeys(HOSTS, 0), done.stdout[-3000:]
+    events = list((pdd / "artifacts").glob("*/job_events/*.json"))
+    assert events, "the process side wrote no job events"
+
+
+def test_a_held_ernie_deploy_lock_fails_that_host_naming_the_holder(xlab: Lab, exported: Path) -> None:
+    holder = LockInfo.mine("ernie-deploy restart -i fleet.yml")
+    assert xlab.ssh("x1", acquire_script(holder)).returncode == 0
+    try:
+        done = playbook(exported, "site.yml", "--limit", "x1")
+    finally:
+        xlab.ssh("x1", release_script(holder.token))
+    assert done.returncode != 0
+    assert "deploy lock held by" in done.stdout and "ernie-deploy restart -i fleet.yml" in done.stdout, \
+        done.stdout[-3000:]
+    assert recap(done.stdout)["x1"]["failed"] == 1
+
+
+def test_rolling_restart_under_load_with_the_balancer_hooks_loses_no_request(
+        xlab: Lab, inv: Path, secret_values: dict[str, str], tmp_path: Path) -> None:
+    """The export's --pre-drain / --post-ready hooks drive the lab's balancer, as for `ernie-deploy restart`:
+    one host down at a time, every instance restarted, and no request lost (on any instance)."""
+    state = xlab.require_state()
+    backends = {h.name: [f"{h.address}:8000"] for h in state.hosts}
+    rotation = tmp_path / "rotation.json"
+    rotation.write_text(json.dumps([b for bs in backends.values() for b in bs]))
+    out = export(inv, tmp_path / "hooked", secret_values, "--pre-drain", hook(rotation, "remove"),
+                 "--post-ready", hook(rotation, "add"))
+    before = invocations(xlab)
+    sampler = Sampler(backends)
+    load = LoadBalancer(rotation, "ERNIE-4.5-0.3B-PT", workers=3, max_seconds=240)
+    sampler.start()
+    load.start()
+    try:
+        done = playbook(out, "rolling-restart.yml")
+    finally:
+        outcomes = load.finish()
+        sampler.finish()
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr
+    after = invocations(xlab)
+    assert all(after[h] != before[h] for h in HOSTS)
+    assert sampler.most_hosts_down() == 1  # serial 1: one host at a time
+    assert {b for _, b in load.removals()} == {b for bs in backends.values() for b in bs}
+    assert len(outcomes) > 20
+    assert [o for o in outcomes if not o.ok] == []
+
+
+def test_a_startup_fault_stops_the_play_after_its_batch_with_that_host_restored(
+        capsys: pytest.CaptureFixture[str], xlab: Lab, inv: Path, secret_values: dict[str, str],
+        tmp_path: Path) -> None:
+    old = rendered(inv, tmp_path / "before")
+    changed = write_inventory(xlab.require_state(), tmp_path / "changed.yml", secret_values,
+                              x2={"vllm_max_model_len": 1536})
+    xlab.ssh("x2", f"cat > {FAULTS}", input=json.dumps({**QUICK, "when": {"max_model_len": 1536},
+                                                         "fail_startup": "cuda_oom"}))
+    before = invocations(xlab)
+    try:
+        out = export(changed, tmp_path / "changed", secret_values)
+        done = playbook(out, "rolling-restart.yml")
+    finally:
+        xlab.ssh("x2", f"cat > {FAULTS}", input=json.dumps(QUICK))
+    assert done.returncode != 0
+    stats = recap(done.stdout)
+    assert stats["x1"]["failed"] == 0 and stats["x2"]["failed"] == 1 and "x3" not in stats, done.stdout[-4000:]
+    assert "restored release" in done.stdout and "cuda" in done.stdout.lower(), done.stdout[-4000:]
+    after = invocations(xlab)
+    assert after["x1"] != before["x1"] and after["x3"] == before["x3"]
+    # x2 runs what it ran before (the old units, verified by ernie-deploy against the original inventory).
+    assert on_host(xlab, "x2", sorted(old["x2"])) == old["x2"]
+    rc, doc = cli(capsys, "verify", "-i", str(inv), "--limit", "x2")
+    assert rc == 0, doc
