@@ -188,8 +188,10 @@ def _play(name: str, options: ExportOptions, action: str, restart_all: bool, com
             "ernie_vllm_lock_token": "{{ lookup('ansible.builtin.password', '/dev/null', chars=['hexdigits'], "
                                 "length=32) }}",
             "ernie_vllm_user": "{{ lookup('ansible.builtin.env', 'USER') | default('ansible', true) }}",
-            "ernie_vllm_controller": "{{ lookup('ansible.builtin.pipe', 'hostname') }}",
-            "ernie_vllm_pid": "{{ lookup('ansible.builtin.pipe', 'ps -o ppid= -p $PPID') | trim }}",
+            "ernie_vllm_controller": "{{ lookup('ansible.builtin.pipe', 'hostname 2>/dev/null || uname -n') }}",
+            # The ansible-playbook process (the parent of the worker that runs the lookup's shell).
+            "ernie_vllm_pid": "{{ lookup('ansible.builtin.pipe', 'ps -o ppid= -p $PPID 2>/dev/null || echo 0') "
+                              "| trim }}",
             "ernie_vllm_command": command,
         },
         "check_mode": False,

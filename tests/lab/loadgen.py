@@ -41,6 +41,7 @@ class LoadBalancer:
     model: str
     workers: int = 6
     max_seconds: float = 180.0  # always bounded, even when a test forgets to stop it
+    api_key: str | None = None  # sent as a bearer token when the instances require one (vllm_api_key)
     outcomes: list[Outcome] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -90,7 +91,7 @@ class LoadBalancer:
             n += 1
             stream = (n + k) % 2 == 0
             t0 = time.time()  # wall clock: compared with the rotation's events, written by the hook processes
-            ok, detail = complete(backend, self.model, stream, 120 if stream else 24)
+            ok, detail = complete(backend, self.model, stream, 120 if stream else 24, self.api_key)
             with self._lock:
                 self.outcomes.append(Outcome(backend, stream, ok, detail, t0, time.time()))
 
@@ -134,7 +135,8 @@ class Sampler:
         return max((len({d.split(" ")[0] for d in down}) for _, down in self.samples), default=0)
 
 
-def complete(backend: str, model: str, stream: bool, max_tokens: int) -> tuple[bool, str]:
+def complete(backend: str, model: str, stream: bool, max_tokens: int, api_key: str | None = None
+             ) -> tuple[bool, str]:
     """One completion: (whether it ended properly, a detail). A stream ended properly when a choice got its
     finish_reason, no error event came and the last event is [DONE] (vLLM sends an error event and [DONE]
     when the engine dies mid-stream)."""
@@ -143,7 +145,10 @@ def complete(backend: str, model: str, stream: bool, max_tokens: int) -> tuple[b
             "stream": stream, "ignore_eos": True}
     conn = http.client.HTTPConnection(host, int(port), timeout=30)
     try:
-        conn.request("POST", "/v1/completions", json.dumps(body), {"content-type": "application/json"})
+        headers = {"content-type": "application/json"}
+        if api_key:
+            headers["authorization"] = f"Bearer {api_key}"
+        conn.request("POST", "/v1/completions", json.dumps(body), headers)
         resp = conn.getresponse()
         data = resp.read().decode(errors="replace")
     except OSError as exc:
