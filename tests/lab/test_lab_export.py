@@ -168,6 +168,22 @@ def test_second_run_changes_nothing(xlab: Lab, exported: Path) -> None:
     assert invocations(xlab) == before
 
 
+def test_check_diff_shows_a_changed_unit_and_changes_nothing(xlab: Lab, inv: Path, secret_values: dict[str, str],
+                                                             tmp_path: Path) -> None:
+    changed = write_inventory(xlab.require_state(), tmp_path / "changed.yml", secret_values,
+                              x1={"vllm_max_model_len": 2048})
+    out = export(changed, tmp_path / "changed", secret_values)
+    before = {h: on_host(xlab, h, ["/etc/systemd/system/ernie-vllm-0.service"]) for h in HOSTS}
+    running = invocations(xlab)
+    done = playbook(out, "site.yml", "--check", "--diff")
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr
+    assert "+ExecStart=" in done.stdout and "--max-model-len 2048" in done.stdout, done.stdout[-4000:]
+    assert recap(done.stdout)["x1"]["changed"] > 0 and recap(done.stdout)["x2"]["changed"] == 0
+    assert secret_values["vllm_api_key"] not in done.stdout  # env files are not diffed
+    assert {h: on_host(xlab, h, ["/etc/systemd/system/ernie-vllm-0.service"]) for h in HOSTS} == before
+    assert invocations(xlab) == running
+
+
 def test_the_awx_path_transmit_worker_process(exported: Path, tmp_path: Path) -> None:
     """ansible-runner's streaming pipeline, as AWX runs a job on an execution node: changed=0 on a deployed lab."""
     pdd = tmp_path / "pdd"
