@@ -93,7 +93,7 @@ class FakeHost:
                 + f"{MARK}now\n{10**9}\n{MARK}health\n" + "".join(f"{u} 200\n" for u in self.active) +
                 f"{MARK}model\n{CONFIG}\nrc=0\n{MARK}modeluser\n"
                 + {True: "readable\n", False: "unreadable\n", None: ""}[self.model_readable]
-                + f"{MARK}vllm\n0.34.0\nrc=0\n{MARK}pending\n"
+                + f"{MARK}vllm\n0.34.0\nrc=0\n{MARK}lock\n{self.lock_info or ''}\n{MARK}pending\n"
                 + "\n".join(f"{u} {self.pending_from[u]}" if u in self.pending_from else u
                             for u in sorted(self.pending)) + f"\n{MARK}end\n")
 

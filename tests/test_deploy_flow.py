@@ -7,6 +7,7 @@ simulator start-up lines, HTTP answers made "on the host"), so these flows exerc
 from __future__ import annotations
 
 import _thread
+import json
 import re
 import signal
 import threading
@@ -50,8 +51,8 @@ def test_first_deploy_changes_then_second_is_a_no_op(tmp_path: Path) -> None:
     assert fakes["a"].lock_info is None  # released
     second = runner(fakes).run(hosts)
     assert [r.status for r in second] == [Status.OK, Status.OK]
-    # One connection, lock + facts in one command, release in another: the round-trip bound.
-    assert [r.commands for r in second] == [2, 2]
+    # One connection and one command: the facts, read without the lock since nothing is to change.
+    assert [r.commands for r in second] == [1, 1] and second[0].command_log == ["gather facts"]
     assert len(fakes["a"].applied) == 1 and fakes["a"].active["ernie-vllm-0.service"] == 1
 
 
@@ -138,8 +139,9 @@ def test_deploy_watches_and_checks_every_started_instance(tmp_path: Path) -> Non
     (r,) = runner(fakes).run(inventory(tmp_path, {"a": {}}))
     assert r.status is Status.CHANGED and r.message == "changed; every (re)started instance verified"
     names = [s.name for s in r.steps]
-    assert names == ["connect", "lock + facts", "plan", "stage", "gpu release ernie-vllm-0", "start ernie-vllm-0",
-                     "ready ernie-vllm-0", "checks"]
+    # Facts read without the lock, then (something to change) the lock taken and the facts read again.
+    assert names == ["connect", "facts", "plan", "lock + facts", "stage", "gpu release ernie-vllm-0",
+                     "start ernie-vllm-0", "ready ernie-vllm-0", "checks"]
     by_name = {c.name: c for c in r.checks}
     assert by_name["http_models"].status == "pass" and by_name["tensor_parallel"].status == "pass"
     assert r.release and r.release == fakes["a"].releases[0]["id"]
@@ -187,6 +189,31 @@ def test_ctrl_c_prints_every_host_and_releases_every_lock(tmp_path: Path) -> Non
     assert all(f.lock_info is None for f in fakes.values())
 
 
+def test_a_held_lock_is_reported_even_when_nothing_is_to_change(tmp_path: Path) -> None:
+    """The first read takes no lock, but it sees one: a host another run holds is LOCKED, as before."""
+    fakes = {"a": FakeHost()}
+    hosts = inventory(tmp_path, {"a": {}})
+    runner(fakes).run(hosts)
+    fakes["a"].lock_info = json.dumps({"token": "f" * 32, "user": "ops", "controller": "elsewhere", "pid": 1,
+                                       "command": "ernie-deploy restart", "since": 0})
+    (r,) = runner(fakes).run(hosts)
+    assert r.status is Status.LOCKED and "ernie-deploy restart" in r.message
+    assert fakes["a"].lock_info is not None and "elsewhere" in fakes["a"].lock_info  # not ours to release
+
+
+def test_a_change_found_by_the_unlocked_read_is_made_under_the_lock(tmp_path: Path) -> None:
+    """The first read (no lock) finds a unit edited by hand: the lock is taken and the facts read again in one
+    round trip before anything is staged (and, the snapshot being old here, read once more under it)."""
+    fakes = {"a": FakeHost()}
+    hosts = inventory(tmp_path, {"a": {}})
+    runner(fakes).run(hosts)
+    fakes["a"].files["/etc/systemd/system/ernie-vllm-0.service"] += "# edited by hand\n"
+    (r,) = runner(fakes, recheck_after=0).run(hosts)
+    assert r.status is Status.CHANGED
+    assert r.command_log[:3] == ["gather facts", "lock + gather facts", "gather facts"]
+    assert fakes["a"].lock_info is None  # taken, then released
+
+
 def test_unknown_command_is_answered_with_a_failure() -> None:
     from ernie_deploy.remote.command import script
     from ernie_deploy.remote.ssh import RemoteError, Target
@@ -199,7 +226,8 @@ def test_unknown_command_is_answered_with_a_failure() -> None:
 def test_facts_are_rechecked_before_changing_an_old_snapshot(tmp_path: Path) -> None:
     fakes = {"a": FakeHost()}
     (r,) = runner(fakes, recheck_after=0).run(inventory(tmp_path, {"a": {}}))
-    assert r.command_log[:4] == ["lock + gather facts", "gather facts", "list releases", "stage files"]
+    assert r.command_log[:5] == ["gather facts", "lock + gather facts", "gather facts", "list releases",
+                                 "stage files"]
     assert "facts (re-checked)" in [s.name for s in r.steps]
 
 

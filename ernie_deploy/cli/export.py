@@ -8,15 +8,12 @@ import shutil
 import tempfile
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ernie_deploy.errors import DeployError, ExitCode
-from ernie_deploy.export.ansible import MARKER, ExportOptions, export_files, host_files
-from ernie_deploy.inventory.inventory import load_inventory
-from ernie_deploy.output import console
-from ernie_deploy.planning.batches import parse_percentage, parse_serial
-from ernie_deploy.planning.plan import PlanContext, plan_hosts
-from ernie_deploy.planning.render import environment_for_templates, render_host, templates_dir
+
+if TYPE_CHECKING:
+    pass
 
 SCHEMA = "ernie-deploy/export/v1"
 
@@ -52,6 +49,12 @@ def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from ernie_deploy.export.ansible import ExportOptions, export_files, host_files
+    from ernie_deploy.inventory.inventory import load_inventory
+    from ernie_deploy.output import console
+    from ernie_deploy.planning.batches import parse_percentage, parse_serial
+    from ernie_deploy.planning.plan import PlanContext, plan_hosts
+    from ernie_deploy.planning.render import environment_for_templates, render_host, templates_dir
     if args.canary < 0:
         raise DeployError(f"--canary must be 0 or more, got {args.canary}")
     options = ExportOptions(serial=parse_serial(args.serial), canary=args.canary,
@@ -84,6 +87,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def write_tree(target: Path, files: list[Any]) -> None:
     """Write every file into a fresh directory beside `target`, then swap it in: never a half-written export."""
+    from ernie_deploy.export.ansible import MARKER
     if target.exists() and (not target.is_dir() or (any(target.iterdir()) and not (target / MARKER).exists())):
         raise DeployError(f"{target} exists and is not an earlier export", hint="name a new or empty directory")
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ernie_deploy.lab.lab import Lab
-from ernie_deploy.lab.spec import load_spec
-from ernie_deploy.lab.state import LabState
-from ernie_deploy.output import console
+if TYPE_CHECKING:
+    from ernie_deploy.lab.lab import Lab
+    from ernie_deploy.lab.state import LabState
 
 _DESCRIPTION = (
     "The rehearsal lab: one systemd-nspawn container per simulated GPU host, each with real systemd, "
@@ -56,6 +55,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 
 def _lab() -> Lab:
+    from ernie_deploy.lab.lab import Lab
+    from ernie_deploy.output import console
     return Lab(progress=lambda message: console.err.print(message, markup=False, highlight=False))
 
 
@@ -73,6 +74,8 @@ def _state_json(state: LabState) -> dict[str, object]:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    from ernie_deploy.lab.spec import load_spec
+    from ernie_deploy.output import console
     spec = load_spec(args.spec)
     if args.bare:
         spec = spec.all_bare()
@@ -91,6 +94,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from ernie_deploy.output import console
     lab = _lab()
     statuses = lab.status()
     if args.json:
@@ -107,6 +111,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
+    from ernie_deploy.output import console
     lab = _lab()
     if lab.down():
         console.out.print("lab stopped and removed", markup=False, highlight=False)

@@ -12,9 +12,13 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
-from ernie_deploy import __version__
+if TYPE_CHECKING:
+    from ernie_deploy.inventory.inventory import Inventory
+    from ernie_deploy.planning.plan import PlanContext
+    from ernie_deploy.planning.plantypes import HostPlan
+    from ernie_deploy.planning.render import RenderedFile
 from ernie_deploy.cli.export import register as register_export
 from ernie_deploy.cli.lab import register as register_lab
 from ernie_deploy.cli.provision import register as register_provision
@@ -22,12 +26,6 @@ from ernie_deploy.cli.remote import register as register_remote
 from ernie_deploy.cli.run import register as register_run
 from ernie_deploy.cli.status import register as register_status
 from ernie_deploy.errors import DeployError, ExitCode
-from ernie_deploy.inventory.inventory import Inventory, load_inventory
-from ernie_deploy.output import console
-from ernie_deploy.output.report import show_explain, show_plans
-from ernie_deploy.planning.plan import PlanContext, plan_hosts
-from ernie_deploy.planning.plantypes import HostPlan
-from ernie_deploy.planning.render import RenderedFile, environment_for_templates, render_hosts, templates_dir
 
 JSON_SCHEMA = "ernie-deploy/plan/v1"
 
@@ -56,6 +54,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from ernie_deploy import __version__
     parser = _Parser(
         prog="ernie-deploy",
         description="Plan, render and deploy vLLM services (ERNIE-4.5 or any Hugging Face model) on GPU hosts.",
@@ -113,17 +112,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _load(args: argparse.Namespace) -> tuple[Inventory, PlanContext]:
+    from ernie_deploy.inventory.inventory import load_inventory
+    from ernie_deploy.planning.plan import PlanContext
     inventory = load_inventory(args.inventory)
     ctx = PlanContext.load(args.table, base_dir=args.inventory.resolve().parent)
     return inventory, ctx
 
 
 def _plans(args: argparse.Namespace) -> list[HostPlan]:
+    from ernie_deploy.planning.plan import plan_hosts
     inventory, ctx = _load(args)
     return plan_hosts(list(inventory.select(args.limit)), ctx)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from ernie_deploy.output import console
+    from ernie_deploy.output.report import show_plans
     plans = _plans(args)
     if args.json:
         console.print_json({"schema": JSON_SCHEMA, "ok": all(p.ok for p in plans),
@@ -137,6 +141,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
+    from ernie_deploy.output import console
+    from ernie_deploy.planning.render import environment_for_templates, render_hosts, templates_dir
     plans = _plans(args)
     env = environment_for_templates(templates_dir(args.templates))
     rendered, failed = render_hosts(plans, env)
@@ -183,6 +189,9 @@ def _write_host(out: Path, host: str, files: list[RenderedFile]) -> list[str]:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
+    from ernie_deploy.output import console
+    from ernie_deploy.output.report import show_explain, show_plans
+    from ernie_deploy.planning.plan import plan_hosts
     inventory, ctx = _load(args)
     if args.host not in inventory.hosts:
         raise DeployError(f"no host {args.host!r} in the inventory", where=str(args.inventory),
@@ -197,6 +206,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_inventory(args: argparse.Namespace) -> int:
+    from ernie_deploy.inventory.inventory import load_inventory
     inventory = load_inventory(args.inventory)
     if args.graph:
         sys.stdout.write(inventory.graph(args.graph, with_vars=args.vars) + "\n")
@@ -208,6 +218,7 @@ def cmd_inventory(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from ernie_deploy.output import console
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose >= 3 else logging.WARNING,

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ernie_deploy.cli.remote import connector, fleet_options, host_error, say_stopped, ssh_options, targets
-from ernie_deploy.orchestration.fleet import Fleet
-from ernie_deploy.orchestration.provision import Provisioner, ProvisionOptions, Report
-from ernie_deploy.orchestration.results import exit_code
-from ernie_deploy.output import console
-from ernie_deploy.planning.provisioning import parse_rate
+
+if TYPE_CHECKING:
+    pass
 
 SCHEMA = "ernie-deploy/provision/v1"
 
@@ -47,6 +45,11 @@ def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
 
 
 def cmd_provision(args: argparse.Namespace) -> int:
+    from ernie_deploy.orchestration.fleet import Fleet
+    from ernie_deploy.orchestration.provision import Provisioner, ProvisionOptions, Report
+    from ernie_deploy.orchestration.results import exit_code
+    from ernie_deploy.output import console
+    from ernie_deploy.planning.provisioning import parse_rate
     rate = parse_rate(args.bwlimit)
     _, ctx, hosts = targets(args)
     command = "ernie-deploy provision" + (" --check" if args.check else "")

@@ -9,32 +9,23 @@ import logging
 import signal
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ernie_deploy.checks.expectations import Expectations
-from ernie_deploy.checks.junit import to_junit
-from ernie_deploy.checks.result import CheckResult
+if TYPE_CHECKING:
+    from ernie_deploy.checks.expectations import Expectations
+    from ernie_deploy.checks.result import CheckResult
+    from ernie_deploy.inventory.inventory import Host
+    from ernie_deploy.orchestration.fleet import FleetOptions
+    from ernie_deploy.orchestration.results import HostResult
+    from ernie_deploy.orchestration.rollout import Report
+    from ernie_deploy.orchestration.transport import Connector
+    from ernie_deploy.planning.drivers import DriverVerdict
+    from ernie_deploy.planning.plan import PlanContext
+    from ernie_deploy.remote.facts import HostFacts
 from ernie_deploy.cli import rollout
 from ernie_deploy.errors import ExitCode
-from ernie_deploy.inventory.inventory import Host, load_inventory
-from ernie_deploy.orchestration.deploy import Options, Runner
-from ernie_deploy.orchestration.fleet import Fleet, FleetOptions
-from ernie_deploy.orchestration.hosts import gather_facts, list_releases, lock_state
-from ernie_deploy.orchestration.restart import Restarter, RestartOptions
-from ernie_deploy.orchestration.results import HostResult, exit_code
-from ernie_deploy.orchestration.rollout import Report
-from ernie_deploy.orchestration.transport import Connector
-from ernie_deploy.orchestration.verify import Verifier
-from ernie_deploy.output import console
-from ernie_deploy.output.jsonout import RESULTS_SCHEMA
-from ernie_deploy.output.jsonout import results_document as document
-from ernie_deploy.output.recap import show_checks, show_recap, show_results, show_rollout
-from ernie_deploy.planning.drivers import DriverVerdict, judge, need
-from ernie_deploy.planning.plan import PlanContext
-from ernie_deploy.planning.versions import version_facts
-from ernie_deploy.playbook.schema import load_playbook
-from ernie_deploy.remote.facts import HostFacts
-from ernie_deploy.remote.ssh import HostKeyPolicy, connect
+from ernie_deploy.output.schemas import RESULTS_SCHEMA
+from ernie_deploy.remote.hostkeys import HostKeyPolicy
 
 log = logging.getLogger(__name__)
 
@@ -51,16 +42,21 @@ def ssh_options(p: argparse.ArgumentParser, forks: bool = True) -> None:
 
 
 def targets(args: argparse.Namespace) -> tuple[Any, PlanContext, list[Host]]:
+    from ernie_deploy.inventory.inventory import load_inventory
+    from ernie_deploy.planning.plan import PlanContext
     inventory = load_inventory(args.inventory)
     ctx = PlanContext.load(getattr(args, "table", None), base_dir=args.inventory.resolve().parent)
     return inventory, ctx, list(inventory.select(args.limit))
 
 
 def fleet_options(args: argparse.Namespace) -> FleetOptions:
+    from ernie_deploy.orchestration.fleet import FleetOptions
     return FleetOptions(forks=args.forks, known_hosts=tuple(args.known_hosts))
 
 
 def connector(args: argparse.Namespace) -> Connector:
+    from ernie_deploy.output import console
+    from ernie_deploy.remote.ssh import connect
     policy = HostKeyPolicy(args.host_key_policy)
     if policy is HostKeyPolicy.ACCEPT_NEW:
         log.warning("host key policy accept-new: unknown host keys will be recorded")
@@ -182,6 +178,8 @@ def _day2_options(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
+    from ernie_deploy.orchestration.deploy import Options, Runner
+    from ernie_deploy.output import console
     _, ctx, hosts = targets(args)
     command = "ernie-deploy deploy" + (" --check" if args.check else "")
     options = Options(check=args.check, diff=args.diff, prune=args.prune, forks=args.forks,
@@ -199,6 +197,10 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
 def _finish(args: argparse.Namespace, name: str, results: list[HostResult], stopped_by: int | None,
             report: Report) -> int:
+    from ernie_deploy.orchestration.results import exit_code
+    from ernie_deploy.output import console
+    from ernie_deploy.output.jsonout import results_document as document
+    from ernie_deploy.output.recap import show_recap, show_results, show_rollout
     code = exit_code(results, stopped_by)
     say_stopped(stopped_by)
     rollout.write_timeline(args, report, f"ernie-deploy {name}")
@@ -212,6 +214,8 @@ def _finish(args: argparse.Namespace, name: str, results: list[HostResult], stop
 
 
 def _restart(args: argparse.Namespace, mode: str) -> int:
+    from ernie_deploy.orchestration.restart import Restarter, RestartOptions
+    from ernie_deploy.output import console
     _, ctx, hosts = targets(args)
     command = f"ernie-deploy {mode}" + (" --check" if args.check else "")
     cycle = dataclasses.replace(rollout.cycle_options(args, mode), health_timeout=args.health_timeout)
@@ -236,6 +240,10 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 
 def cmd_releases(args: argparse.Namespace) -> int:
+    from ernie_deploy.orchestration.fleet import Fleet
+    from ernie_deploy.orchestration.hosts import list_releases
+    from ernie_deploy.orchestration.results import exit_code
+    from ernie_deploy.output import console
     _, ctx, hosts = targets(args)
     listed = list_releases(Fleet(connector(args), fleet_options(args)), ctx, hosts)
     if args.json:
@@ -260,6 +268,12 @@ def cmd_releases(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from ernie_deploy.checks.junit import to_junit
+    from ernie_deploy.orchestration.results import exit_code
+    from ernie_deploy.orchestration.verify import Verifier
+    from ernie_deploy.output import console
+    from ernie_deploy.output.jsonout import results_document as document
+    from ernie_deploy.output.recap import show_checks, show_recap
     _, ctx, hosts = targets(args)
     exp = playbook_checks(args.playbook)
     verifier = Verifier(ctx, connector(args), fleet_options(args), expectations=exp)
@@ -280,10 +294,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def playbook_checks(path: Path | None) -> Expectations:
     """The `verify` task arguments of a playbook's plays (expect/forbid patterns, a streamed smoke test)."""
+    from ernie_deploy.checks.expectations import Expectations
+    from ernie_deploy.playbook.schema import load_playbook
     return load_playbook(path).expectations() if path is not None else Expectations()
 
 
 def say_stopped(signum: int | None) -> None:
+    from ernie_deploy.output import console
     if signum is not None:
         name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
         console.err.print(f"interrupted ({name}): no new host was started, every lock taken was released; "
@@ -291,6 +308,7 @@ def say_stopped(signum: int | None) -> None:
 
 
 def _unreached(r: HostResult) -> CheckResult:
+    from ernie_deploy.checks.result import CheckResult
     return CheckResult("host", "fail", f"{r.status.value}: {r.message}", fix=r.hint)
 
 
@@ -301,6 +319,8 @@ def host_error(r: HostResult) -> str | None:
 def _driver(host: Host, facts: HostFacts) -> tuple[str, DriverVerdict] | None:
     """The host's driver against what its vLLM needs (the pinned version, else the installed one, else the
     default); None without a driver or below the table's lowest release."""
+    from ernie_deploy.planning.drivers import judge, need
+    from ernie_deploy.planning.versions import version_facts
     version = str(host.vars.get("vllm_version") or facts.vllm_version or version_facts().default)
     wanted = need(version)
     if wanted is None or not facts.gpus:
@@ -309,6 +329,9 @@ def _driver(host: Host, facts: HostFacts) -> tuple[str, DriverVerdict] | None:
 
 
 def cmd_facts(args: argparse.Namespace) -> int:
+    from ernie_deploy.orchestration.fleet import Fleet
+    from ernie_deploy.orchestration.hosts import gather_facts
+    from ernie_deploy.output import console
     _, ctx, hosts = targets(args)
     fleet = Fleet(connector(args), fleet_options(args))
     results = gather_facts(fleet, ctx, hosts)
@@ -344,6 +367,10 @@ def cmd_facts(args: argparse.Namespace) -> int:
 
 
 def cmd_lock(args: argparse.Namespace) -> int:
+    from ernie_deploy.orchestration.fleet import Fleet
+    from ernie_deploy.orchestration.hosts import lock_state
+    from ernie_deploy.orchestration.results import exit_code
+    from ernie_deploy.output import console
     _, _, hosts = targets(args)
     results = lock_state(Fleet(connector(args), fleet_options(args)), hosts, break_=args.break_, force=args.force)
     for r, state in results:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ernie_deploy.errors import DeployError
-from ernie_deploy.orchestration import resume
-from ernie_deploy.orchestration.cycle import CycleOptions
-from ernie_deploy.orchestration.rollout import Report, RolloutOptions
-from ernie_deploy.output import timeline
-from ernie_deploy.planning.batches import parse_percentage, parse_serial
+
+if TYPE_CHECKING:
+    from ernie_deploy.orchestration.cycle import CycleOptions
+    from ernie_deploy.orchestration.rollout import Report, RolloutOptions
 
 
 def add_options(p: argparse.ArgumentParser, *, default_serial: str | None, rollback: bool = True,
@@ -51,6 +51,7 @@ def add_options(p: argparse.ArgumentParser, *, default_serial: str | None, rollb
 
 
 def cycle_options(args: argparse.Namespace, command: str) -> CycleOptions:
+    from ernie_deploy.orchestration.cycle import CycleOptions
     return CycleOptions(command=command, pre_drain=args.pre_drain, post_ready=args.post_ready,
                         hook_timeout=args.hook_timeout, idle_timeout=args.idle_timeout,
                         gpu_timeout=args.gpu_release_timeout, parallel_instances=args.parallel_instances,
@@ -58,6 +59,9 @@ def cycle_options(args: argparse.Namespace, command: str) -> CycleOptions:
 
 
 def rollout_options(args: argparse.Namespace, command: str, *, preflight: bool) -> RolloutOptions:
+    from ernie_deploy.orchestration import resume
+    from ernie_deploy.orchestration.rollout import RolloutOptions
+    from ernie_deploy.planning.batches import parse_percentage, parse_serial
     if args.canary < 0:
         raise DeployError(f"--canary must be 0 or more, got {args.canary}", hint="--canary 1 makes the first host "
                                                                                   "a batch of its own")
@@ -73,6 +77,7 @@ def rollout_options(args: argparse.Namespace, command: str, *, preflight: bool) 
 
 
 def write_timeline(args: argparse.Namespace, report: Report, title: str) -> None:
+    from ernie_deploy.output import timeline
     if args.timeline is not None:
         timeline.write(report.timeline, args.timeline, title)
 

@@ -7,23 +7,22 @@ import contextlib
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ernie_deploy.cli.remote import connector, say_stopped, ssh_options, targets
 from ernie_deploy.errors import ConfigError, DeployError, ExitCode, InventoryError
-from ernie_deploy.inventory.inventory import Host, Inventory
-from ernie_deploy.orchestration.playrun import PlaybookRunner, RunOptions, TaskRun
-from ernie_deploy.orchestration.results import Status, exit_code
-from ernie_deploy.orchestration.transport import Progress
-from ernie_deploy.output import console
-from ernie_deploy.output.jsonout import host_json
-from ernie_deploy.output.recap import show_checks, show_results, show_rollout
-from ernie_deploy.playbook.schema import ACTIONS, Play, Playbook, Task, load_playbook
+
+if TYPE_CHECKING:
+    from ernie_deploy.inventory.inventory import Host, Inventory
+    from ernie_deploy.orchestration.playrun import TaskRun
+    from ernie_deploy.orchestration.transport import Progress
+    from ernie_deploy.playbook.schema import Play, Playbook, Task
 
 SCHEMA = "ernie-deploy/run/v1"
 
 
 def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
+    from ernie_deploy.playbook.schema import ACTIONS
     p = sub.add_parser("run", help="run a playbook: plays of provision, converge, rolling, verify and more",
                        description="Read PLAYBOOK (a list of plays: hosts, vars, serial, canary, "
                                    "max_fail_percentage, any_errors_fatal, tags, tasks) and check all of it "
@@ -58,6 +57,7 @@ def _split(values: Sequence[str]) -> list[str]:
 
 def read(path: Path, inventory: Inventory, tags: Sequence[str], skip: Sequence[str]) -> Playbook:
     """The playbook with the tasks the tags select; every mistake raises before a host is touched."""
+    from ernie_deploy.playbook.schema import load_playbook
     def pattern_problem(pattern: str) -> str | None:
         try:
             inventory.select(pattern)
@@ -69,6 +69,10 @@ def read(path: Path, inventory: Inventory, tags: Sequence[str], skip: Sequence[s
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from ernie_deploy.orchestration.playrun import PlaybookRunner, RunOptions
+    from ernie_deploy.orchestration.results import exit_code
+    from ernie_deploy.output import console
+    from ernie_deploy.output.jsonout import host_json
     inventory, ctx, _ = targets(args)
     book = read(args.playbook, inventory, _split(args.tags), _split(args.skip_tags))
     tasks = [(p, t) for p in book.plays for t in p.tasks]
@@ -134,6 +138,7 @@ def _hosts(records: Sequence[TaskRun]) -> list[str]:
 
 def _counts(records: Sequence[TaskRun], host: str) -> dict[str, int]:
     """Ansible's recap columns, counted in tasks: ok (ran fine, changed or not), changed, failed, ..."""
+    from ernie_deploy.orchestration.results import Status
     c = dict.fromkeys(("ok", "changed", "unreachable", "failed", "skipped"), 0)
     for rec in records:
         for r in rec.results:
@@ -149,6 +154,8 @@ def _counts(records: Sequence[TaskRun], host: str) -> dict[str, int]:
 
 
 def _starter(args: argparse.Namespace) -> Any:
+    from ernie_deploy.output import console
+
     @contextlib.contextmanager
     def start(play: Play, task: Task, hosts: Sequence[Host]) -> Iterator[Progress]:
         if not args.json:
@@ -160,11 +167,14 @@ def _starter(args: argparse.Namespace) -> Any:
 
 
 def _header(args: argparse.Namespace, play: str, task: Task) -> None:
+    from ernie_deploy.output import console
     console.out.print(f"\nTASK [{play} : {task.name}] ({task.action})" + (" (check mode)" if args.check else ""),
                       markup=False, highlight=False)
 
 
 def _finished(args: argparse.Namespace) -> Any:
+    from ernie_deploy.output import console
+    from ernie_deploy.output.recap import show_checks, show_results, show_rollout
     def show(rec: TaskRun) -> None:
         # Printed as each task ends, so a long playbook shows its progress as it goes.
         if args.json:
@@ -184,6 +194,7 @@ def _finished(args: argparse.Namespace) -> Any:
 
 
 def _confirm(prompt: str) -> bool:
+    from ernie_deploy.output import console
     console.err.print(f"{prompt} [Enter to continue, Ctrl-C to stop] ", markup=False, end="")
     try:
         input()

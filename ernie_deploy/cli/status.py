@@ -5,18 +5,13 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ernie_deploy.cli.remote import connector, fleet_options, host_error, say_stopped, ssh_options, targets
 from ernie_deploy.errors import DeployError, ExitCode
-from ernie_deploy.orchestration.fleet import Fleet
-from ernie_deploy.orchestration.restart import select
-from ernie_deploy.orchestration.results import exit_code
-from ernie_deploy.orchestration.status import StatusReader
-from ernie_deploy.orchestration.transport import Transport, target_for
-from ernie_deploy.output import console
-from ernie_deploy.planning.plan import plan_host
-from ernie_deploy.remote import logs
+
+if TYPE_CHECKING:
+    from ernie_deploy.orchestration.transport import Transport
 
 SCHEMA = "ernie-deploy/status/v1"
 
@@ -51,6 +46,10 @@ def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from ernie_deploy.orchestration.fleet import Fleet
+    from ernie_deploy.orchestration.results import exit_code
+    from ernie_deploy.orchestration.status import StatusReader
+    from ernie_deploy.output import console
     _, ctx, hosts = targets(args)
     fleet = Fleet(connector(args), fleet_options(args))
     reader = StatusReader(ctx, fleet, args.templates)
@@ -90,6 +89,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
+    from ernie_deploy.orchestration.restart import select
+    from ernie_deploy.orchestration.transport import target_for
+    from ernie_deploy.planning.plan import plan_host
     inventory, ctx, _ = targets(argparse.Namespace(**{**vars(args), "limit": None}))  # -i and --table only
     if args.host not in inventory.hosts:
         raise DeployError(f"no host {args.host!r} in the inventory", where=str(args.inventory),
@@ -110,6 +112,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def _show_logs(args: argparse.Namespace, session: Transport, unit: str) -> int:
+    from ernie_deploy.output import console
+    from ernie_deploy.remote import logs
     r = session.run(logs.logs_command(unit, args.lines, args.previous))
     if r.code != 0:
         raise DeployError(f"{unit}: {r.stderr.decode(errors='replace').strip() or f'exit {r.code}'}",

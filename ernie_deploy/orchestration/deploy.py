@@ -24,7 +24,16 @@ from ernie_deploy.orchestration.cycle import CycleOptions, HostCycle, Work, unit
 from ernie_deploy.orchestration.fleet import Fleet, FleetOptions, HostRun
 from ernie_deploy.orchestration.results import HostResult, Status
 from ernie_deploy.orchestration.rollout import Report, RolloutOptions, drive
-from ernie_deploy.orchestration.snapshot import Snapshot, SnapshotOptions, down, refresh, release_lock, stable_of, take
+from ernie_deploy.orchestration.snapshot import (
+    Snapshot,
+    SnapshotOptions,
+    down,
+    refresh,
+    release_lock,
+    relock,
+    stable_of,
+    take,
+)
 from ernie_deploy.orchestration.transport import Connector, Progress, RemoteHost, Transport
 from ernie_deploy.planning.plan import PlanContext
 from ernie_deploy.planning.render import environment_for_templates, templates_dir
@@ -86,10 +95,14 @@ class Runner:
         return self.fleet.signal
 
     def run(self, hosts: Sequence[RemoteHost]) -> list[HostResult]:
-        opts = SnapshotOptions(lock=None if self.options.check else self.lock, lock_wait=self.options.lock_wait,
-                               prune=self.options.prune)
+        opts = self._snapshot_options
         return drive(self.fleet, hosts, self.options.rollout, lambda run: self._snapshot(run, opts), self._change,
                      self._down, release_lock, self.report)
+
+    @property
+    def _snapshot_options(self) -> SnapshotOptions:
+        return SnapshotOptions(lock=None if self.options.check else self.lock, lock_wait=self.options.lock_wait,
+                               prune=self.options.prune, lock_later=True)
 
     def _down(self, run: HostRun) -> list[str]:
         """Installed instances of the plan that do not serve now (the rollout pre-flight). A unit staged and never
@@ -116,6 +129,9 @@ class Runner:
         assert session is not None
         if not opts.check and time.monotonic() - snap.taken > opts.recheck_after:
             snap = run.data["snapshot"] = refresh(self.fleet, run, snap, opts.prune)
+        if not opts.check and run.lock_token is None and not snap.changes.empty:
+            # Read without the lock (nothing to change then) and changed since: lock, and look again.
+            snap = run.data["snapshot"] = relock(self.fleet, run, snap, self._snapshot_options)
         changes = snap.changes
         result.changed_files = [c.path for c in changes.files]
         result.restarted, result.started = list(changes.restart), list(changes.start)

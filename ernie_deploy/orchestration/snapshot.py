@@ -42,6 +42,10 @@ class SnapshotOptions:
     prune: bool = False
     render: bool = True
     extra: str = ""  # more script run in the same round trip (read-only runs only); its output is in .text
+    # Read the facts without the lock first and take it (re-reading the facts in the same round trip) only when
+    # something must change: a run with nothing to change is one command per host. A lock someone else holds
+    # is still reported, since the facts show it.
+    lock_later: bool = False
 
 
 def discovered(facts: HostFacts) -> Discovered:
@@ -69,8 +73,22 @@ def take(fleet: Fleet, run: HostRun, ctx: PlanContext, templates: jinja2.Environ
     gather = gather_command(pre.model_path, pre.bin, str(pre.settings["user"].value))
     if opts.extra:
         gather = dataclasses.replace(gather, script=gather.script + opts.extra)
+    if opts.lock is not None and opts.lock_later:
+        with fleet.step(run, "facts"):
+            text = session.run(gather).text
+        if not parse_facts(text).lock_info:
+            snap = _build(fleet, run, ctx, templates, opts, text)
+            if snap is None or snap.changes.empty:
+                return snap
+            return relock(fleet, run, snap, opts)
     with fleet.step(run, "facts" if opts.lock is None else "lock + facts"):
         text = session.run(gather).text if opts.lock is None else lock_and_gather(fleet, run, opts, gather.script)
+    return _build(fleet, run, ctx, templates, opts, text)
+
+
+def _build(fleet: Fleet, run: HostRun, ctx: PlanContext, templates: jinja2.Environment, opts: SnapshotOptions,
+           text: str) -> Snapshot | None:
+    host, result = run.host, run.result
     facts = parse_facts(text)
     with fleet.step(run, "plan") as step:
         plan = plan_host(host, ctx, discovered(facts))
@@ -82,6 +100,17 @@ def take(fleet: Fleet, run: HostRun, ctx: PlanContext, templates: jinja2.Environ
     files = render_host(plan, templates) if opts.render else []
     return Snapshot(plan, facts, files, converge.compute_changes(plan, files, facts, opts.prune, stable_of(plan)),
                     time.monotonic(), text)
+
+
+def relock(fleet: Fleet, run: HostRun, snap: Snapshot, opts: SnapshotOptions) -> Snapshot:
+    """Take the lock and re-read the facts in one round trip (a snapshot read without the lock found
+    something to change); the changes are recomputed against the same plan."""
+    pre = snap.plan
+    gather = gather_command(pre.model_path, pre.bin, str(pre.settings["user"].value))
+    with fleet.step(run, "lock + facts"):
+        facts = parse_facts(lock_and_gather(fleet, run, opts, gather.script))
+    changes = converge.compute_changes(snap.plan, snap.files, facts, opts.prune, stable_of(snap.plan))
+    return Snapshot(snap.plan, facts, snap.files, changes, time.monotonic(), snap.text)
 
 
 def stable_of(plan: HostPlan) -> float:

@@ -6,11 +6,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from ernie_deploy.orchestration.results import HostResult, Step
+from ernie_deploy.output.schemas import RESULTS_SCHEMA
 
 # v2: each host carries its steps, the release a change recorded, leftover units and drop-ins.
 # v3: rollouts: each host's batch, per-instance phase timings and rollback actions; the document's "rollout"
 # (batches, done, stopped, refused, resumed); each step's ended_at (epoch seconds).
-RESULTS_SCHEMA = "ernie-deploy/deploy/v3"
 
 
 def step_json(s: Step) -> dict[str, Any]:

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from ernie_deploy.checks.expectations import Expectations
-from ernie_deploy.checks.logscan import check_pattern
 from ernie_deploy.errors import ConfigError, DeployError
 from ernie_deploy.planning.batches import SerialItem, parse_percentage, parse_serial
 from ernie_deploy.playbook.yamlmarks import Marked, load
@@ -242,6 +241,9 @@ def _tags(doc: Marked, key: str, value: Any) -> frozenset[str]:
 
 
 def _task(doc: Marked, key: str, item: Any, play_tags: frozenset[str]) -> Task:
+    # Compiling patterns needs the log checks: loaded only when a playbook is read, not for --help.
+    from ernie_deploy.checks.logscan import check_pattern
+
     if not isinstance(item, dict):
         raise doc.error(key, f"a task is a mapping with one action, got {type(item).__name__} {item!r}",
                         hint=f"actions: {', '.join(ACTIONS)}")

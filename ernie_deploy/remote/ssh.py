@@ -33,14 +33,10 @@ from fabric import Config, Connection
 
 from ernie_deploy.errors import DeployError
 from ernie_deploy.remote.command import Command
+from ernie_deploy.remote.hostkeys import HostKeyPolicy
 from ernie_deploy.remote.route import Route, route_from_vars
 
 log = logging.getLogger(__name__)
-
-
-class HostKeyPolicy(Enum):
-    STRICT = "strict"
-    ACCEPT_NEW = "accept-new"
 
 
 class Failure(Enum):

@@ -1,0 +1,270 @@
+"""Benchmark: ernie-deploy against ansible-playbook and pyinfra doing the same job on the same lab hosts.
+
+    sudo .venv/bin/python bench/vs_ansible.py                          # 4 and 16 hosts, 5 runs each
+    sudo .venv/bin/python bench/vs_ansible.py --hosts 4 --runs 3 --scenarios first,nochange
+
+Boots its own lab (simulated A10 hosts from 127.0.0.101, real systemd and sshd) and tears it down; needs root.
+Installs ansible-core and pyinfra from PyPI into the running environment when they are missing.
+
+The job, for every tool: put the units and env files ernie-deploy renders on each host, restart only what
+changed, make sure every unit runs and is enabled, wait until /health answers 200. The peers ship the files
+`ernie-deploy render` wrote (bench/ansible/deploy.yml, bench/pyinfra/deploy.py), so a no-change run of each is
+truly no change. ernie-deploy does more per run (facts, the lock, a release record, a stability window and a
+verify after a restart); the figures are for the job as each tool does it.
+
+Scenarios, runs alternating between the tools:
+  first     every host clean (no unit), then deploy; includes one simulated model load
+  nochange  deploy again onto hosts that run exactly these files
+  rolling   restart every instance, one host at a time (ernie-deploy restart --serial 1; the peers with
+            serial 1 / --serial); includes one simulated load per host
+Per tool: median and min-max wall seconds, ernie-deploy's ratio to it, control-machine CPU seconds per host
+(user + system of the tool and its children), and SSH connections per host (sshd's journal on the hosts).
+The floor is one SSH connection plus one command per host, in parallel, from Python (paramiko).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import re
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import paramiko
+import yaml
+
+from ernie_deploy.lab import Lab, LabState
+from ernie_deploy.lab.spec import parse_spec
+
+BENCH = Path(__file__).resolve().parent
+BIN = Path(sys.executable).parent
+TOOLS = ("ernie-deploy", "ansible-playbook", "pyinfra")
+SCENARIOS = ("first", "nochange", "rolling")
+LOAD_SECONDS = 2.0  # the simulated model load of every start, the same for all tools
+CLEAN = ("for u in $(systemctl list-units --all --plain --no-legend 'ernie-vllm-*' | awk '{print $1}'); do "
+         "systemctl disable --now -q $u; systemctl reset-failed $u; done 2>/dev/null; "
+         "rm -rf /etc/systemd/system/ernie-vllm-* /etc/ernie-deploy /var/lib/ernie-deploy /var/log/ernie-deploy; "
+         "systemctl daemon-reload")
+RECAP = re.compile(r"^(\S+)\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.MULTILINE)
+
+
+def install_peers() -> None:
+    missing = [pkg for pkg, module in (("ansible-core", "ansible"), ("pyinfra", "pyinfra"))
+               if importlib.util.find_spec(module) is None]
+    if missing:
+        print(f"installing {', '.join(missing)} from PyPI", flush=True)
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", *missing], check=True)
+
+
+@dataclass
+class Sample:
+    wall: float
+    cpu: float
+    connections: float  # per host
+    commands: str  # per host, as the tool reports it
+    changed: str
+
+
+@dataclass
+class Bench:
+    lab: Lab
+    state: LabState
+    workdir: Path
+    inventory: Path
+    render_dir: Path
+    key: str
+    known_hosts: str
+    results: dict[tuple[str, str], list[Sample]] = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return len(self.state.hosts)
+
+    def on_hosts(self, command: str) -> list[str]:
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            return list(pool.map(lambda h: self.lab.ssh(h.name, command).stdout, self.state.hosts))
+
+    def argv(self, tool: str, scenario: str) -> tuple[list[str], Path]:
+        if tool == "ernie-deploy":
+            if scenario == "rolling":
+                return [str(BIN / "ernie-deploy"), "restart", "-i", str(self.inventory), "--serial", "1",
+                        "--json"], self.workdir
+            return [str(BIN / "ernie-deploy"), "deploy", "-i", str(self.inventory), "--json"], self.workdir
+        if tool == "ansible-playbook":
+            book = "restart.yml" if scenario == "rolling" else "deploy.yml"
+            return [str(BIN / "ansible-playbook"), "-i", str(self.workdir / "ansible-inventory.yml"),
+                    "-f", str(min(self.n, 16)), str(BENCH / "ansible" / book)], BENCH / "ansible"
+        script = "restart.py" if scenario == "rolling" else "deploy.py"
+        serial = ["--serial"] if scenario == "rolling" else []
+        return [str(BIN / "pyinfra"), "-y", *serial, str(self.workdir / "pyinfra_inventory.py"),
+                str(BENCH / "pyinfra" / script)], self.workdir
+
+    def run(self, tool: str, scenario: str) -> Sample:
+        argv, cwd = self.argv(tool, scenario)
+        env = {**os.environ, "RENDER_DIR": str(self.render_dir), "ANSIBLE_NOCOLOR": "1",
+               "ANSIBLE_CONFIG": str(BENCH / "ansible" / "ansible.cfg"), "PATH": f"{BIN}:{os.environ['PATH']}"}
+        since = time.time()
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.perf_counter()
+        done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=1800, check=False)
+        wall = time.perf_counter() - t0
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        if done.returncode != 0:
+            raise SystemExit(f"{tool} {scenario} failed (rc {done.returncode}):\n{done.stdout[-3000:]}\n"
+                             f"{done.stderr[-3000:]}")
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        accepted = self.on_hosts(f"journalctl -u ssh --since @{int(since)} -o cat --no-pager | grep -c '^Accepted'"
+                                 " || true")
+        connections = sum(int(a.strip() or 0) for a in accepted) / self.n
+        commands, changed = "-", "-"
+        if tool == "ernie-deploy":
+            doc = json.loads(done.stdout)
+            counts = [h.get("remote_commands", 0) for h in doc.get("hosts", [])]
+            commands = f"{statistics.mean(counts):.1f}" if counts else "-"
+            changed = str(sum(1 for h in doc.get("hosts", []) if h.get("status") == "changed"))
+        elif tool == "ansible-playbook":
+            stats = [(int(m[2]), int(m[3])) for m in RECAP.finditer(done.stdout)]
+            commands = f"{statistics.mean(ok for ok, _ in stats):.1f} tasks" if stats else "-"
+            changed = str(sum(c for _, c in stats))
+        return Sample(wall, cpu / self.n, connections, commands, changed)
+
+    def prepare(self, scenario: str) -> None:
+        if scenario == "first":
+            self.on_hosts(CLEAN)
+        else:
+            self.ensure_deployed()
+
+    def ensure_deployed(self) -> None:
+        argv, cwd = self.argv("ernie-deploy", "nochange")
+        subprocess.run(argv, cwd=cwd, capture_output=True, check=True, timeout=1800)
+
+    def floor(self) -> float:
+        """One SSH connection and one command per host, all hosts in parallel, strict host keys."""
+        def one(address: str) -> None:
+            client = paramiko.SSHClient()
+            client.load_host_keys(self.known_hosts)
+            client.set_missing_host_key_policy(paramiko.RejectPolicy())
+            client.connect(address, username="root", key_filename=self.key, look_for_keys=False,
+                           allow_agent=False, timeout=10)
+            try:
+                _, out, _ = client.exec_command("true")
+                out.channel.recv_exit_status()
+            finally:
+                client.close()
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=self.n) as pool:
+            list(pool.map(one, [h.address for h in self.state.hosts]))
+        return time.perf_counter() - t0
+
+
+def boot(n: int, workdir: Path) -> Bench:
+    spec = parse_spec({"first_address": "127.0.0.101",
+                       "hosts": [{"name": f"b{i + 1:02d}", "gpu_model": "NVIDIA A10", "gpu_count": 1}
+                                 for i in range(n)]})
+    lab = Lab(workdir / "lab", progress=lambda m: print(f"[lab] {m}", flush=True))
+    state = lab.up(spec)
+    data = yaml.safe_load(Path(state.inventory).read_text())
+    group = data["all"]["children"]["lab"]
+    key, known = str(group["vars"]["ansible_ssh_private_key_file"]), str(group["vars"]["ernie_known_hosts"])
+    inventory = workdir / "inventory.yml"
+    inventory.write_text(yaml.safe_dump(data))
+    render_dir = workdir / "render"
+    subprocess.run([str(BIN / "ernie-deploy"), "render", "-i", str(inventory), "-o", str(render_dir)],
+                   check=True, capture_output=True)
+    hosts = {h.name: {"ansible_host": h.address} for h in state.hosts}
+    (workdir / "ansible-inventory.yml").write_text(yaml.safe_dump({"all": {"hosts": hosts, "vars": {
+        "ansible_user": "root", "ansible_ssh_private_key_file": key,
+        "ansible_ssh_common_args": f"-o UserKnownHostsFile={known}"}}}))
+    (workdir / "pyinfra_inventory.py").write_text(
+        "hosts = [\n" + "".join(
+            f"    ({h.name!r}, {{'ssh_hostname': {h.address!r}, 'ssh_user': 'root', 'ssh_key': {key!r}, "
+            f"'ssh_known_hosts_file': {known!r}, 'ssh_strict_host_key_checking': 'yes'}}),\n"
+            for h in state.hosts) + "]\n")
+    bench = Bench(lab, state, workdir, inventory, render_dir, key, known)
+    bench.on_hosts(f"mkdir -p /etc/ernie-lab && echo '{{\"load_seconds\": {LOAD_SECONDS}}}' > "
+                   "/etc/ernie-lab/faults.json")
+    return bench
+
+
+def stats(samples: Sequence[Sample]) -> tuple[float, float, float]:
+    walls = [s.wall for s in samples]
+    return statistics.median(walls), min(walls), max(walls)
+
+
+def report(bench: Bench, scenarios: Sequence[str], floor: list[float]) -> None:
+    n = bench.n
+    print(f"\n## {n} hosts (median of {len(next(iter(bench.results.values())))} runs, seconds)\n")
+    print("| scenario | tool | median | min-max | ernie-deploy ÷ tool | without load | CPU s/host | "
+          "SSH conn./host | commands/host | changed |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for scenario in scenarios:
+        ours = stats(bench.results[(scenario, "ernie-deploy")])[0]
+        loads = {"first": LOAD_SECONDS, "nochange": 0.0, "rolling": LOAD_SECONDS * n}[scenario]
+        for tool in TOOLS:
+            samples = bench.results[(scenario, tool)]
+            med, lo, hi = stats(samples)
+            ratio = f"{ours / med:.2f}"
+            bare = f"{(ours - loads) / (med - loads):.2f}" if loads and med > loads and ours > loads else "-"
+            print(f"| {scenario} | {tool} | {med:.2f} | {lo:.2f}-{hi:.2f} | {ratio} | {bare} | "
+                  f"{statistics.median(s.cpu for s in samples):.3f} | "
+                  f"{statistics.median(s.connections for s in samples):.1f} | {samples[-1].commands} | "
+                  f"{samples[-1].changed} |")
+    fmed = statistics.median(floor)
+    ours = stats(bench.results[("nochange", "ernie-deploy")])[0] if ("nochange", "ernie-deploy") in bench.results \
+        else None
+    print(f"\nfloor (1 connection + 1 command per host, parallel): median {fmed:.2f} s"
+          + (f"; no-change ernie-deploy ÷ floor: {ours / fmed:.2f}" if ours else ""))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hosts", default="4,16", help="lab sizes, comma-separated (default 4,16)")
+    parser.add_argument("--runs", type=int, default=5, help="runs per tool and scenario (default 5)")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="first,nochange,rolling")
+    args = parser.parse_args(argv)
+    if os.geteuid() != 0:
+        print("the lab needs root: sudo .venv/bin/python bench/vs_ansible.py", file=sys.stderr)
+        return 2
+    scenarios = [s for s in args.scenarios.split(",") if s]
+    if unknown := set(scenarios) - set(SCENARIOS):
+        parser.error(f"unknown scenario(s): {', '.join(sorted(unknown))}")
+    install_peers()
+    versions = {tool: subprocess.run([str(BIN / tool), "--version"], capture_output=True, text=True
+                                     ).stdout.splitlines()[0].strip() for tool in TOOLS}
+    print(f"machine: {os.cpu_count()} cores, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f}"
+          f" GiB, {platform.platform()}, Python {platform.python_version()}; {'; '.join(versions.values())}")
+    for n in (int(x) for x in args.hosts.split(",")):
+        workdir = Path(tempfile.mkdtemp(prefix=f"bench-{n}-"))
+        bench = boot(n, workdir)
+        try:
+            floor = [bench.floor() for _ in range(args.runs)]
+            for scenario in scenarios:
+                for run in range(args.runs):
+                    order = TOOLS[run % 3:] + TOOLS[:run % 3]  # alternate who goes first
+                    for tool in order:
+                        bench.prepare(scenario)
+                        sample = bench.run(tool, scenario)
+                        bench.results.setdefault((scenario, tool), []).append(sample)
+                        print(f"  {n} hosts {scenario:<8} {tool:<16} {sample.wall:6.2f} s  changed={sample.changed}",
+                              flush=True)
+            report(bench, scenarios, floor)
+        finally:
+            bench.lab.down()
+            shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
