@@ -53,9 +53,21 @@ def gather_script(model_path: str, vllm_bin: str, user: str = "vllm") -> str:
     dropins = " ".join(f"{d}/{UNIT_GLOB}.d/*.conf" for d in DROPIN_DIRS)
     return f"""
 m() {{ printf '\\n{MARK}%s\\n' "$1"; }}
-m gpus
-nvidia-smi --query-gpu=index,name,uuid,memory.total,driver_version --format=csv,noheader,nounits 2>&1; echo "rc=$?"
-m topo; nvidia-smi topo -m 2>&1
+t=$(mktemp -d) || exit 1
+trap 'rm -rf "$t"' EXIT
+# The slow readers run at once (nvidia-smi initialises the driver, the version and health reads start a
+# Python): the facts take as long as the slowest of them, not their sum.
+{{ nvidia-smi --query-gpu=index,name,uuid,memory.total,driver_version --format=csv,noheader,nounits 2>&1; \\
+  echo "rc=$?"; }} > "$t/gpus" &
+nvidia-smi topo -m > "$t/topo" 2>&1 &
+{{ {version_script(vllm_bin)}; }} > "$t/vllm" 2>&1 &
+{{ set --
+for f in {UNIT_DIR}/{UNIT_GLOB}; do [ -f "$f" ] || continue
+  port=$(sed -n 's/^ExecStart=.* --port \\([0-9][0-9]*\\).*/\\1/p' "$f" | head -n 1)
+  addr=$(sed -n 's/^ExecStart=.* --host \\([^ ]*\\).*/\\1/p' "$f" | head -n 1 | tr -d "'\\"")
+  set -- "$@" "${{f##*/}}" "${{addr:-0.0.0.0}}" "${{port:-8000}}"
+done
+[ $# -eq 0 ] || python3 -c {q(HEALTH_PROGRAM)} "$@" 2>&1; }} > "$t/health" &
 m systemd; systemctl --version 2>&1 | head -n 1
 m files
 for f in {UNIT_DIR}/{UNIT_GLOB} {ENV_DIR}/ernie-vllm-*.env; do [ -f "$f" ] && sha256sum "$f"; done
@@ -70,20 +82,16 @@ for f in {UNIT_DIR}/{UNIT_GLOB}; do [ -f "$f" ] && printf '%s %s\\n' "${{f##*/}}
   "$(sed -n 's/^Environment=CUDA_VISIBLE_DEVICES=//p' "$f" | head -n 1)"; done
 m now; {NOW}
 m wallnow; date +%s.%N
-m health
-set --
-for f in {UNIT_DIR}/{UNIT_GLOB}; do [ -f "$f" ] || continue
-  port=$(sed -n 's/^ExecStart=.* --port \\([0-9][0-9]*\\).*/\\1/p' "$f" | head -n 1)
-  addr=$(sed -n 's/^ExecStart=.* --host \\([^ ]*\\).*/\\1/p' "$f" | head -n 1 | tr -d "'\\"")
-  set -- "$@" "${{f##*/}}" "${{addr:-0.0.0.0}}" "${{port:-8000}}"
-done
-[ $# -eq 0 ] || python3 -c {q(HEALTH_PROGRAM)} "$@" 2>&1
 m model; cat {config} 2>&1; rc=$?; echo; echo "rc=$rc"
 m modeluser; if id -u {q(user)} >/dev/null 2>&1; then
   runuser -u {q(user)} -- test -r {config} && echo readable || echo unreadable; fi
-m vllm; {version_script(vllm_bin)}
 m lock; cat {LOCK_DIR}/info 2>/dev/null
 m pending; cat {PENDING_FILE} 2>/dev/null
+wait
+m gpus; cat "$t/gpus"
+m topo; cat "$t/topo"
+m health; cat "$t/health"
+m vllm; cat "$t/vllm"
 m end
 """
 
