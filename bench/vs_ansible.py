@@ -17,6 +17,7 @@ Scenarios, runs alternating between the tools:
   nochange  deploy again onto hosts that run exactly these files
   rolling   restart every instance, one host at a time (ernie-deploy restart --serial 1; the peers with
             serial 1 / --serial); includes one simulated load per host
+ernie-deploy and Ansible work on min(hosts, 16) hosts at once (--forks / -f); pyinfra on every host at once.
 Per tool: median and min-max wall seconds, ernie-deploy's ratio to it, control-machine CPU seconds per host
 (user + system of the tool and its children), and SSH connections per host (sshd's journal on the hosts).
 The floor is a fresh Python that imports paramiko and makes one SSH connection plus one command per host, in
@@ -104,20 +105,26 @@ class Bench:
     def n(self) -> int:
         return len(self.state.hosts)
 
+    @property
+    def forks(self) -> int:
+        """Hosts worked on at once, the same for ernie-deploy and Ansible (pyinfra runs every host at once)."""
+        return min(self.n, 16)
+
     def on_hosts(self, command: str) -> list[str]:
         with ThreadPoolExecutor(max_workers=16) as pool:
             return list(pool.map(lambda h: self.lab.ssh(h.name, command).stdout, self.state.hosts))
 
     def argv(self, tool: str, scenario: str) -> tuple[list[str], Path]:
         if tool == "ernie-deploy":
+            forks = ["--forks", str(self.forks)]
             if scenario == "rolling":
                 return [str(BIN / "ernie-deploy"), "restart", "-i", str(self.inventory), "--serial", "1",
-                        "--json"], self.workdir
-            return [str(BIN / "ernie-deploy"), "deploy", "-i", str(self.inventory), "--json"], self.workdir
+                        *forks, "--json"], self.workdir
+            return [str(BIN / "ernie-deploy"), "deploy", "-i", str(self.inventory), *forks, "--json"], self.workdir
         if tool == "ansible-playbook":
             book = "restart.yml" if scenario == "rolling" else "deploy.yml"
             return [str(BIN / "ansible-playbook"), "-i", str(self.workdir / "ansible-inventory.yml"),
-                    "-f", str(min(self.n, 16)), str(BENCH / "ansible" / book)], BENCH / "ansible"
+                    "-f", str(self.forks), str(BENCH / "ansible" / book)], BENCH / "ansible"
         script = "restart.py" if scenario == "rolling" else "deploy.py"
         serial = ["--serial"] if scenario == "rolling" else []
         return [str(BIN / "pyinfra"), "-y", *serial, str(self.workdir / "pyinfra_inventory.py"),
@@ -198,11 +205,10 @@ with ThreadPoolExecutor(max_workers=len(addresses)) as pool:
 """
 
 
-def boot(n: int, workdir: Path) -> Bench:
+def boot(lab: Lab, n: int, workdir: Path) -> Bench:
     spec = parse_spec({"first_address": "127.0.0.101",
                        "hosts": [{"name": f"b{i + 1:02d}", "gpu_model": "NVIDIA A10", "gpu_count": 1}
                                  for i in range(n)]})
-    lab = Lab(workdir / "lab", progress=lambda m: print(f"[lab] {m}", flush=True))
     state = lab.up(spec)
     data = yaml.safe_load(Path(state.inventory).read_text())
     group = data["all"]["children"]["lab"]
@@ -282,8 +288,9 @@ def main(argv: Sequence[str] | None = None) -> int:
           f" GiB, {platform.platform()}, Python {platform.python_version()}; {'; '.join(versions.values())}")
     for n in (int(x) for x in args.hosts.split(",")):
         workdir = Path(tempfile.mkdtemp(prefix=f"bench-{n}-"))
-        bench = boot(n, workdir)
+        lab = Lab(workdir / "lab", progress=lambda m: print(f"[lab] {m}", flush=True))
         try:
+            bench = boot(lab, n, workdir)
             floor = [bench.floor() for _ in range(args.runs)]
             for scenario in scenarios:
                 for run in range(args.runs):
@@ -296,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                               flush=True)
             report(bench, scenarios, floor)
         finally:
-            bench.lab.down()
+            lab.down()
             shutil.rmtree(workdir, ignore_errors=True)
     return 0
 

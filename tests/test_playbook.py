@@ -159,3 +159,10 @@ def test_playbook_options_refuse_a_bad_playbook_before_any_host(tmp_path: Path, 
     inv.write_text(INV)
     book = _write(tmp_path, "- hosts: all\n  tasks:\n    - verify: {expect: ['{nope}']}\n")
     assert main([command, "-i", str(inv), "--playbook", str(book), "--connect-timeout", "0.1"]) == 5
+
+
+def test_the_action_names_run_help_shows_are_the_schemas() -> None:
+    from ernie_deploy.playbook.actions import ACTION_NAMES
+    from ernie_deploy.playbook.schema import ACTIONS
+
+    assert tuple(ACTIONS) == ACTION_NAMES

@@ -22,12 +22,12 @@ SCHEMA = "ernie-deploy/run/v1"
 
 
 def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
-    from ernie_deploy.playbook.schema import ACTIONS
+    from ernie_deploy.playbook.actions import ACTION_NAMES
     p = sub.add_parser("run", help="run a playbook: plays of provision, converge, rolling, verify and more",
                        description="Read PLAYBOOK (a list of plays: hosts, vars, serial, canary, "
                                    "max_fail_percentage, any_errors_fatal, tags, tasks) and check all of it "
                                    "before any host is contacted; then run each play's tasks in order across "
-                                   "its hosts. Actions: " + ", ".join(ACTIONS) + ". Restarts happen only where "
+                                   "its hosts. Actions: " + ", ".join(ACTION_NAMES) + ". Restarts happen only where "
                                    "something changed unless a task says `always: true`. See "
                                    "docs/playbooks.md and playbooks/site.yml. Exit codes: 0 ok, 2 a host "
                                    "failed, 4 unreachable, 5 bad playbook or input, 6 locked, 130 interrupted.")

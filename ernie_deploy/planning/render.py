@@ -14,14 +14,16 @@ from dataclasses import dataclass
 from functools import lru_cache, partial
 from importlib import resources
 from pathlib import Path
-
-import jinja2
+from typing import TYPE_CHECKING
 
 from ernie_deploy.errors import DeployError, RenderError
 from ernie_deploy.planning.bulk import collector_paused
 from ernie_deploy.planning.findings import Finding, Severity
 from ernie_deploy.planning.plantypes import HostPlan, InstancePlan
 from ernie_deploy.planning.versions import parse_version, version_facts
+
+if TYPE_CHECKING:
+    import jinja2
 
 UNIT_DIR = "/etc/systemd/system"
 ENV_DIR = "/etc/ernie-deploy"
@@ -166,6 +168,8 @@ def templates_dir(user_dir: Path | None = None) -> Path:
 
 
 def environment_for_templates(directory: Path) -> jinja2.Environment:
+    import jinja2  # only where templates are rendered: `plan` validates values without them
+
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(directory)),
         undefined=jinja2.StrictUndefined,
@@ -206,6 +210,7 @@ def unsafe_values(plan: HostPlan) -> list[Finding]:
 
 def render_host(plan: HostPlan, env: jinja2.Environment) -> list[RenderedFile]:
     """Unit and env file of every instance. Raises RenderError naming the host when its plan has errors."""
+    import jinja2  # loaded already: `env` is a jinja2 Environment
     if not plan.ok:
         unsafe = next((f for f in plan.findings if f.code == UNSAFE), None)
         if unsafe is not None:
