@@ -150,6 +150,14 @@ def lab(tmp_path: Path) -> Iterator[Lab]:
 # -- CLI and versions ---------------------------------------------------------------------------------
 
 
+def test_version_takes_as_long_as_the_knob_says(lab: Lab) -> None:
+    """Real vLLM imports torch before printing its version; `version_seconds` rehearses that delay."""
+    lab.faults({"version_seconds": 0.4})
+    t0 = time.monotonic()
+    assert lab.run("--version").stdout == "0.34.0\n"
+    assert time.monotonic() - t0 >= 0.4
+
+
 def test_version_default_and_pinned(lab: Lab) -> None:
     assert lab.run("--version").stdout == "0.34.0\n"
     lab.version("0.9.2")
