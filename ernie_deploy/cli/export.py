@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
-import tempfile
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ernie_deploy.cli.files import swap_in
 from ernie_deploy.errors import DeployError, ExitCode
 
 if TYPE_CHECKING:
-    pass
+    from ernie_deploy.export.ansible import ExportFile
 
 SCHEMA = "ernie-deploy/export/v1"
 
@@ -85,26 +83,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
-def write_tree(target: Path, files: list[Any]) -> None:
-    """Write every file into a fresh directory beside `target`, then swap it in: never a half-written export."""
+def write_tree(target: Path, files: list[ExportFile]) -> None:
+    """The export, written whole; a directory that holds something else is never replaced."""
     from ernie_deploy.export.ansible import MARKER
+
     if target.exists() and (not target.is_dir() or (any(target.iterdir()) and not (target / MARKER).exists())):
         raise DeployError(f"{target} exists and is not an earlier export", hint="name a new or empty directory")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        for f in files:
-            dest = staging / f.path
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, f.mode)
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(f.content)
-        os.chmod(staging, 0o755)
-        old = target.parent / f".{target.name}.old"
-        shutil.rmtree(old, ignore_errors=True)
-        if target.exists():
-            target.rename(old)
-        staging.rename(target)
-        shutil.rmtree(old, ignore_errors=True)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    swap_in(target, [(f.path, f.content, f.mode) for f in files])

@@ -6,10 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import shutil
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
@@ -20,6 +17,7 @@ if TYPE_CHECKING:
     from ernie_deploy.planning.plantypes import HostPlan
     from ernie_deploy.planning.render import RenderedFile
 from ernie_deploy.cli.export import register as register_export
+from ernie_deploy.cli.files import swap_in
 from ernie_deploy.cli.lab import register as register_lab
 from ernie_deploy.cli.provision import register as register_provision
 from ernie_deploy.cli.remote import register as register_remote
@@ -163,29 +161,8 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def _write_host(out: Path, host: str, files: list[RenderedFile]) -> list[str]:
     """Write one host's files into a fresh directory, then swap it in: never a half-written host."""
-    target = out / host
-    staging = Path(tempfile.mkdtemp(prefix=f".{host}.", dir=out))
-    try:
-        paths = []
-        for f in files:
-            dest = staging / f.path.lstrip("/")
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, f.mode)
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(f.content)
-            paths.append(str(target / f.path.lstrip("/")))
-        os.chmod(staging, 0o755)
-        if target.exists():
-            old = out / f".{host}.old"
-            shutil.rmtree(old, ignore_errors=True)
-            target.rename(old)
-            staging.rename(target)
-            shutil.rmtree(old)
-        else:
-            staging.rename(target)
-        return paths
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    swap_in(out / host, [(f.path.lstrip("/"), f.content, f.mode) for f in files])
+    return [str(out / host / f.path.lstrip("/")) for f in files]
 
 
 def cmd_explain(args: argparse.Namespace) -> int:

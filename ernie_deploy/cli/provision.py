@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ernie_deploy.cli.remote import connector, fleet_options, host_error, say_stopped, ssh_options, targets
-
-if TYPE_CHECKING:
-    pass
 
 SCHEMA = "ernie-deploy/provision/v1"
 

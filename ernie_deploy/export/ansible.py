@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -75,11 +75,10 @@ def env_template(text: str, plan: HostPlan) -> str:
     return text
 
 
-def host_files(plan: HostPlan, render: Any) -> list[RenderedFile]:
+def host_files(plan: HostPlan, render: Callable[[HostPlan], list[RenderedFile]]) -> list[RenderedFile]:
     """The host's files rendered with sentinels in place of secret values: no secret reaches the export."""
     masked = dataclasses.replace(plan, secrets={k: Secret(_SENTINEL.format(k)) for k in plan.secrets})
-    files: list[RenderedFile] = render(masked)
-    return files
+    return render(masked)
 
 
 def host_vars(plan: HostPlan) -> dict[str, Any]:

@@ -202,12 +202,12 @@ def releases() -> list[dict[str, Any]]:
     return out
 
 
-def running_release(unit: str, files: dict[str, str | None]) -> str | None:
-    """The newest release whose unit and env file are the installed ones (remote/releases.py)."""
+def running_release(unit: str, files: dict[str, str | None], kept: list[dict[str, Any]]) -> str | None:
+    """The newest of the `kept` releases whose unit and env file are the installed ones (remote/releases.py)."""
     paths = managed_paths([unit])
-    for release in reversed(releases()):
-        kept = release.get("files", {})
-        if paths[0] in kept and all(kept.get(p) == files.get(p) for p in paths):
+    for release in reversed(kept):
+        recorded = release.get("files", {})
+        if paths[0] in recorded and all(recorded.get(p) == files.get(p) for p in paths):
             return str(release["id"])
     return None
 
@@ -292,12 +292,12 @@ def cmd_lock(args: argparse.Namespace) -> int:
 def cmd_state(args: argparse.Namespace) -> int:
     """What each unit runs now: active or not, pending, the release it runs, and every managed file's hash."""
     files = {p: sha256(p) for p in managed_paths(args.units)}
-    marked = pending()
+    marked, kept = pending(), releases()
     units = {}
     for unit in args.units:
         service = unit + ".service"
         units[unit] = {"active": show(service, "ActiveState") in ("active", "activating", "reloading"),
-                       "pending": service in marked, "release": running_release(unit, files)}
+                       "pending": service in marked, "release": running_release(unit, files, kept)}
     print(json.dumps({"units": units, "files": files}, sort_keys=True))
     return 0
 

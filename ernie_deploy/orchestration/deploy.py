@@ -30,7 +30,6 @@ from ernie_deploy.orchestration.snapshot import (
     down,
     refresh,
     release_lock,
-    relock,
     stable_of,
     take,
 )
@@ -131,7 +130,7 @@ class Runner:
             snap = run.data["snapshot"] = refresh(self.fleet, run, snap, opts.prune)
         if not opts.check and run.lock_token is None and not snap.changes.empty:
             # Read without the lock (nothing to change then) and changed since: lock, and look again.
-            snap = run.data["snapshot"] = relock(self.fleet, run, snap, self._snapshot_options)
+            snap = run.data["snapshot"] = refresh(self.fleet, run, snap, opts.prune, lock=self._snapshot_options)
         changes = snap.changes
         result.changed_files = [c.path for c in changes.files]
         result.restarted, result.started = list(changes.restart), list(changes.start)

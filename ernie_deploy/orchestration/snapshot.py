@@ -76,20 +76,20 @@ def take(fleet: Fleet, run: HostRun, ctx: PlanContext, templates: jinja2.Environ
     if opts.lock is not None and opts.lock_later:
         with fleet.step(run, "facts"):
             text = session.run(gather).text
-        if not parse_facts(text).lock_info:
-            snap = _build(fleet, run, ctx, templates, opts, text)
+        facts = parse_facts(text)
+        if not facts.lock_info:
+            snap = _build(fleet, run, ctx, templates, opts, text, facts)
             if snap is None or snap.changes.empty:
                 return snap
-            return relock(fleet, run, snap, opts)
+            return refresh(fleet, run, snap, opts.prune, lock=opts)
     with fleet.step(run, "facts" if opts.lock is None else "lock + facts"):
         text = session.run(gather).text if opts.lock is None else lock_and_gather(fleet, run, opts, gather.script)
-    return _build(fleet, run, ctx, templates, opts, text)
+    return _build(fleet, run, ctx, templates, opts, text, parse_facts(text))
 
 
 def _build(fleet: Fleet, run: HostRun, ctx: PlanContext, templates: jinja2.Environment, opts: SnapshotOptions,
-           text: str) -> Snapshot | None:
+           text: str, facts: HostFacts) -> Snapshot | None:
     host, result = run.host, run.result
-    facts = parse_facts(text)
     with fleet.step(run, "plan") as step:
         plan = plan_host(host, ctx, discovered(facts))
         result.findings = [f for f in plan.findings if f.severity is not Severity.INFO]
@@ -100,17 +100,6 @@ def _build(fleet: Fleet, run: HostRun, ctx: PlanContext, templates: jinja2.Envir
     files = render_host(plan, templates) if opts.render else []
     return Snapshot(plan, facts, files, converge.compute_changes(plan, files, facts, opts.prune, stable_of(plan)),
                     time.monotonic(), text)
-
-
-def relock(fleet: Fleet, run: HostRun, snap: Snapshot, opts: SnapshotOptions) -> Snapshot:
-    """Take the lock and re-read the facts in one round trip (a snapshot read without the lock found
-    something to change); the changes are recomputed against the same plan."""
-    pre = snap.plan
-    gather = gather_command(pre.model_path, pre.bin, str(pre.settings["user"].value))
-    with fleet.step(run, "lock + facts"):
-        facts = parse_facts(lock_and_gather(fleet, run, opts, gather.script))
-    changes = converge.compute_changes(snap.plan, snap.files, facts, opts.prune, stable_of(snap.plan))
-    return Snapshot(snap.plan, facts, snap.files, changes, time.monotonic(), snap.text)
 
 
 def stable_of(plan: HostPlan) -> float:
@@ -128,15 +117,22 @@ def down(host: str, snap: Snapshot, units: Sequence[str], *, installed_only: boo
     return out
 
 
-def refresh(fleet: Fleet, run: HostRun, snap: Snapshot, prune: bool) -> Snapshot:
-    """Re-read the facts (the lock is held already) and recompute the changes against the same plan."""
+def refresh(fleet: Fleet, run: HostRun, snap: Snapshot, prune: bool,
+            lock: SnapshotOptions | None = None) -> Snapshot:
+    """Re-read the facts and recompute the changes against the same plan. With `lock` (a snapshot read without
+    the lock found something to change), take the deploy lock in the same round trip; without, it is held
+    already or not wanted."""
     assert run.session is not None
     pre = snap.plan
-    with fleet.step(run, "facts (re-checked)"):
-        gather = gather_command(pre.model_path, pre.bin, str(pre.settings["user"].value))
-        facts = parse_facts(run.session.run(gather).text)
+    gather = gather_command(pre.model_path, pre.bin, str(pre.settings["user"].value))
+    if lock is None:
+        with fleet.step(run, "facts (re-checked)"):
+            facts = parse_facts(run.session.run(gather).text)
+    else:
+        with fleet.step(run, "lock + facts"):
+            facts = parse_facts(lock_and_gather(fleet, run, lock, gather.script))
     changes = converge.compute_changes(snap.plan, snap.files, facts, prune, stable_of(snap.plan))
-    return Snapshot(snap.plan, facts, snap.files, changes, time.monotonic())
+    return Snapshot(snap.plan, facts, snap.files, changes, time.monotonic(), snap.text)
 
 
 def lock_and_gather(fleet: Fleet, run: HostRun, opts: SnapshotOptions, gather: str,
