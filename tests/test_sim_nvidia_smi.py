@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -24,8 +25,10 @@ def write_gpus(root: Path, count: int = 2, nvlink: bool = False, **gpu: object) 
     return uuids
 
 
-def smi(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def smi(root: Path, *args: str, session: int | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "ERNIE_LAB_ROOT": str(root)}
+    if session is not None:
+        env["ERNIE_LAB_PROC_SESSION"] = str(session)
     return subprocess.run([sys.executable, "-m", "ernie_deploy.lab.sim.nvidia_smi", *args], env=env,
                           capture_output=True, text=True, timeout=20, check=False)
 
@@ -108,3 +111,71 @@ def test_plain_table(tmp_path: Path) -> None:
     assert "Driver Version: 550.127.05" in out and "CUDA Version: 12.4" in out
     assert out.count("0MiB / 23028MiB") == 2
     assert "No running processes found" in out
+
+
+# A stand-in for real vLLM's process tree: a `vllm serve` API server (its command line and environment
+# intact) → an engine → workers retitled `VLLM::Worker_TP<r>` with nothing else on their command line. Each
+# process runs the script it reads on stdin, so a worker's argv can be its title alone, as setproctitle leaves it
+# (such a Python cannot tell its own executable, so the scripts name it).
+_SLEEP = "import time\ntime.sleep(60)\n"
+_SPAWN = """import subprocess, time
+children = [subprocess.Popen({argvs!r}[i], executable={exe!r}, stdin=subprocess.PIPE) for i in range({n})]
+for c in children:
+    c.stdin.write({script!r}.encode()); c.stdin.close()
+time.sleep(60)
+"""
+
+
+def _start(proc: subprocess.Popen[bytes], script: str) -> None:
+    assert proc.stdin is not None
+    proc.stdin.write(script.encode())
+    proc.stdin.close()
+
+
+def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
+    os.killpg(proc.pid, 9)
+    proc.wait(timeout=10)
+
+
+def test_real_vllm_workers_are_compute_apps_while_they_live(tmp_path: Path) -> None:
+    """Real-vLLM lab hosts: each live `VLLM::Worker_TP<r>` holds rank r's GPU of the API server's
+    CUDA_VISIBLE_DEVICES, --gpu-memory-utilization of its memory; when the processes end, the GPUs are free."""
+    uuids = write_gpus(tmp_path, count=4)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "2,1"}
+    engine = _SPAWN.format(argvs=[["VLLM::Worker_TP0"], ["VLLM::Worker_TP1"]], n=2, script=_SLEEP,
+                           exe=sys.executable)
+    api_script = _SPAWN.format(argvs=[["VLLM::EngineCore"]], n=1, script=engine, exe=sys.executable)
+    api = subprocess.Popen([sys.executable, "-", "serve", "/models/m", "--gpu-memory-utilization", "0.5"],
+                           stdin=subprocess.PIPE, env=env, start_new_session=True)
+    try:
+        _start(api, api_script)
+        expected = {f"{uuids[2]}, 11514", f"{uuids[1]}, 11514"}
+        rows: set[str] = set()
+        for _ in range(100):
+            out = smi(tmp_path, "--query-compute-apps=pid,process_name,gpu_uuid,used_memory",
+                      "--format=csv,noheader,nounits", session=api.pid)
+            rows = {", ".join(line.split(", ")[2:]) for line in out.stdout.splitlines()}
+            if rows == expected:
+                break
+            time.sleep(0.1)
+        assert rows == expected
+        names = sorted(line.split(", ")[1] for line in out.stdout.splitlines())
+        assert names == ["VLLM::Worker_TP0", "VLLM::Worker_TP1"]
+        used = smi(tmp_path, "--query-gpu=index,memory.used", "--format=csv,noheader,nounits", session=api.pid).stdout
+        assert used.splitlines() == ["0, 0", "1, 11514", "2, 11514", "3, 0"]
+    finally:
+        _kill_tree(api)
+    gone = smi(tmp_path, "--query-compute-apps=pid", "--format=csv,noheader", session=api.pid).stdout
+    assert gone == ""
+
+
+def test_a_worker_title_outside_vllm_serve_is_not_a_compute_app(tmp_path: Path) -> None:
+    """Only workers under a `vllm serve` count: a process that merely carries the title holds nothing."""
+    write_gpus(tmp_path, count=1)
+    lone = subprocess.Popen(["VLLM::Worker"], executable=sys.executable, stdin=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        _start(lone, _SLEEP)
+        assert smi(tmp_path, "--query-compute-apps=pid", "--format=csv,noheader", session=lone.pid).stdout == ""
+    finally:
+        _kill_tree(lone)

@@ -33,45 +33,93 @@ def write_known_hosts(path: Path, host_keys: dict[str, str]) -> None:
 
 
 LAB_STABLE_SECONDS = 2
+# Real vLLM (the CPU build) starts in 33-52 s on a quiet 2-core machine and in up to ~2 min beside another
+# starting instance (docs/lab.md, measured), so its budget is minutes, and its stability window the default.
+REAL_STARTUP_BUDGET = 300
+REAL_STABLE_SECONDS = 5
+# What real vLLM needs to serve the lab's model directory: random weights (there are none; `dummy` is vLLM's
+# own load format) and no torch.compile (217 s on 2 cores, no faster here: docs/lab.md).
+REAL_EXTRA_ARGS = ["--load-format", "dummy", "--enforce-eager"]
+# GiB of KV cache per instance: 58,240 tokens at TP 1, room for 14 requests of 4,096 tokens.
+REAL_KVCACHE_GIB = 1
+
+
+def cpu_binds(hosts: Sequence[HostSpec], cpus: int) -> dict[str, str]:
+    """VLLM_CPU_OMP_THREADS_BIND per real-vLLM host: one CPU per tensor-parallel rank (the lab's hosts have one
+    instance, its TP the GPU count), ranks on different CPUs, hosts taking the next CPUs in turn. vLLM's default
+    `auto` fails at TP 2 on a one-NUMA-node machine ("Not enough allowed NUMA nodes")."""
+    binds: dict[str, str] = {}
+    nxt = 0
+    for h in hosts:
+        if h.real:
+            ranks = max(1, h.gpu_count)
+            binds[h.name] = "|".join(str((nxt + r) % cpus) for r in range(ranks))
+            nxt = (nxt + ranks) % cpus
+    return binds
 
 
 def inventory(hosts: Sequence[HostSpec], key: Path, known_hosts: Path, wheelhouse: Path,
-              model_source: Path) -> dict[str, Any]:
-    """An Ansible YAML inventory: `all: children: lab: hosts:` plus the group vars deploy and provisioning
-    read. Each host pins the vLLM version it has installed (or, bare, is to get); `vllm_bin` is left to its
-    per-version default, as on a provisioned box."""
-    return {
-        "all": {
-            "children": {
-                "lab": {
-                    "hosts": {
-                        # Lab hosts share this machine's network, so each vLLM binds its own address.
-                        h.name: {"ansible_host": h.address, "gpu_model": h.gpu_model, "gpu_count": h.gpu_count,
-                                 "vllm_host": h.address, "vllm_version": h.installed_version}
-                        for h in hosts
-                    },
-                    "vars": {
-                        "ansible_user": "root",
-                        "ansible_port": 22,
-                        "ansible_ssh_private_key_file": str(key),
-                        "ernie_known_hosts": str(known_hosts),
-                        "vllm_model": LAB_MODEL,
-                        # What `provision` installs from: the simulator wheels and a model directory on this
-                        # machine, both copied over SSH (the air-gapped path).
-                        "vllm_pip_find_links": str(wheelhouse),
-                        "vllm_model_source": str(model_source),
-                        # The simulated vLLM loads in seconds; a short stability window keeps rehearsals quick.
-                        "vllm_stable_seconds": LAB_STABLE_SECONDS,
-                    },
-                }
-            }
-        }
+              model_source: Path, index_url: str | None = None, cpus: int = 1) -> dict[str, Any]:
+    """An Ansible YAML inventory: `all: children: lab: hosts:` (simulated hosts) and `lab_real: hosts:`
+    (real-vLLM hosts, when the spec has any) with the group vars deploy and provisioning read. Each host pins
+    the vLLM version it has installed (or, bare, is to get); `vllm_bin` is left to its per-version default,
+    as on a provisioned box."""
+    access_vars = {
+        "ansible_user": "root",
+        "ansible_port": 22,
+        "ansible_ssh_private_key_file": str(key),
+        "ernie_known_hosts": str(known_hosts),
+        "vllm_model": LAB_MODEL,
     }
+
+    def host_vars(h: HostSpec) -> dict[str, Any]:
+        # Lab hosts share this machine's network, so each vLLM binds its own address.
+        return {"ansible_host": h.address, "gpu_model": h.gpu_model, "gpu_count": h.gpu_count,
+                "vllm_host": h.address, "vllm_version": h.installed_version}
+
+    groups: dict[str, Any] = {}
+    sim = [h for h in hosts if not h.real]
+    real = [h for h in hosts if h.real]
+    if sim:
+        groups["lab"] = {
+            "hosts": {h.name: host_vars(h) for h in sim},
+            "vars": {
+                **access_vars,
+                # What `provision` installs from: the simulator wheels and a model directory on this machine,
+                # both copied over SSH (the air-gapped path).
+                "vllm_pip_find_links": str(wheelhouse),
+                "vllm_model_source": str(model_source),
+                # The simulated vLLM loads in seconds; a short stability window keeps rehearsals quick.
+                "vllm_stable_seconds": LAB_STABLE_SECONDS,
+            },
+        }
+    if real:
+        if index_url is None:
+            raise ValueError("real-vLLM hosts need the lab's package index")
+        binds = cpu_binds(hosts, cpus)
+        groups["lab_real"] = {
+            "hosts": {h.name: {**host_vars(h), "vllm_cpu_omp_threads_bind": binds[h.name]} for h in real},
+            "vars": {
+                **access_vars,
+                # Real vLLM comes from the lab's package index over HTTP on loopback (pkgindex.py), the way
+                # a rack installs from its mirror; the model directory is copied over SSH.
+                "vllm_pip_index_url": index_url,
+                "vllm_model_source": str(model_source),
+                "vllm_extra_args": list(REAL_EXTRA_ARGS),
+                "vllm_cpu_kvcache_space": REAL_KVCACHE_GIB,
+                # No hub: the model directory has everything, and a lookup would only time out.
+                "vllm_env": {"HF_HUB_OFFLINE": "1"},
+                "vllm_startup_budget": REAL_STARTUP_BUDGET,
+                "vllm_stable_seconds": REAL_STABLE_SECONDS,
+            },
+        }
+    return {"all": {"children": groups}}
 
 
 def write_inventory(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    header = "# Written by `ernie-deploy lab up`; removed by `lab down`. Hosts are simulated (docs/lab.md).\n"
+    header = ("# Written by `ernie-deploy lab up`; removed by `lab down`. GPUs are simulated; vLLM is simulated\n"
+              "# on the hosts of group lab and real (its CPU build) on those of lab_real (docs/lab.md).\n")
     path.write_text(header + yaml.safe_dump(data, sort_keys=False, default_flow_style=False))
 
 

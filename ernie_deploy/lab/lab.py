@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ernie_deploy.errors import DeployError
-from ernie_deploy.lab import access, containers, machine, rootfs, sources
+from ernie_deploy.lab import access, containers, machine, pkgindex, realvllm, rootfs, sources
 from ernie_deploy.lab.spec import LabSpec, load_spec
 from ernie_deploy.lab.state import HostState, LabState, load_state, state_dir
 
@@ -93,9 +93,11 @@ class Lab:
                 sources.wheelhouse(self.dir, spec)
                 self.progress(f"the lab is already running ({len(previous.hosts)} hosts); "
                               "simulators refreshed, nothing else to do")
-                if inventory_out is not None and Path(previous.inventory) != inventory_out.resolve():
-                    self._write_inventory(previous, spec, inventory_out.resolve())
-                    previous.save()
+                restarted = self._ensure_index(previous, spec)
+                target = inventory_out.resolve() if inventory_out is not None else Path(previous.inventory)
+                if restarted or target != Path(previous.inventory):
+                    self._write_inventory(previous, spec, target)
+                previous.save()
                 return previous
             alive = sum(1 for h in previous.hosts if h.pid and containers.is_ours(h.pid, h.root))
             if not same and alive:
@@ -120,6 +122,7 @@ class Lab:
             build_seconds=build_s,
         )
         try:
+            self._ensure_index(state, spec)
             self._boot(state, spec, base, public_key)
             self._write_inventory(state, spec, (inventory_out or self.dir / "inventory.yml").resolve())
             state.ready_seconds = self._wait_ready(state)
@@ -180,10 +183,30 @@ class Lab:
                 where=h.log, hint="see docs/lab.md, Troubleshooting")
         return time.monotonic() - boot_started
 
+    def _ensure_index(self, state: LabState, spec: LabSpec) -> bool:
+        """Serve real vLLM's package index when the spec has real-vLLM hosts (building it once, cached);
+        True when a server was (re)started, which gives the inventory a new URL."""
+        if not any(h.real for h in spec.hosts):
+            return False
+        index, build_s = realvllm.ensure_index(self.progress)
+        if build_s is not None:
+            self.progress(f"real vLLM's package index built in {build_s:.1f} s and cached at {index}")
+        if state.index_dir == str(index) and pkgindex.alive(state.index_pid, index):
+            return False
+        pkgindex.stop(state.index_pid, Path(state.index_dir or index))
+        state.index_dir = str(index)
+        (self.dir / "logs").mkdir(parents=True, exist_ok=True)
+        state.index_pid, state.index_port = pkgindex.start(index, self.dir / "logs" / "package-index.log")
+        state.save()  # the PID first, so a crash right after still lets `down` stop it
+        self.progress(f"real vLLM's package index serves {pkgindex.url(state.index_port)}")
+        return True
+
     def _write_inventory(self, state: LabState, spec: LabSpec, path: Path) -> None:
         sources.wheelhouse(self.dir, spec)
+        index_url = pkgindex.url(state.index_port) if state.index_port is not None else None
         access.write_inventory(path, access.inventory(spec.hosts, Path(state.key), Path(state.known_hosts),
-                                                      self.dir / "wheelhouse", sources.model_source(self.dir)))
+                                                      self.dir / "wheelhouse", sources.model_source(self.dir),
+                                                      index_url, os.cpu_count() or 1))
         state.inventory = str(path)
 
     # -- leftovers -------------------------------------------------------------------------------------
@@ -239,6 +262,8 @@ class Lab:
 
         with ThreadPoolExecutor(max_workers=max(1, min(16, len(state.hosts)))) as pool:
             list(pool.map(stop, state.hosts))
+        if state.index_dir is not None:
+            pkgindex.stop(state.index_pid, Path(state.index_dir))
         for h in state.hosts:
             containers.kill_cgroups(h.cgroups)  # only does something if nspawn died without a poweroff
             containers.remove_cgroups(h.cgroups)

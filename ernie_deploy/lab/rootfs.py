@@ -25,9 +25,13 @@ from ernie_deploy.lab import mounts
 SUITE = "bookworm"
 # Everything a simulated GPU host needs: an init (systemd), a login path (sshd, sudo), the simulators'
 # runtime (python3), what provisioning needs to install vLLM (python3-venv, which brings pip's wheel for
-# ensurepip) and the tools deploy code and tests reach for (ip, ps, pkill).
+# ensurepip) and the tools deploy code and tests reach for (ip, ps, pkill). Real vLLM's CPU build needs
+# libnuma (its worker dies in init_cpu_memory_env without it) and, from TP 2 on, a C++ compiler (torch's
+# inductor builds a kernel at the first forward pass: "InvalidCxxCompiler: No working C++ compiler found";
+# vLLM's CPU installation page lists gcc/g++ as a requirement): docs/lab.md.
 PACKAGES = (
     "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv", "iproute2", "procps", "sudo",
+    "libnuma1", "g++",
 )
 # Bump when _customize changes so an old cached tree is not reused.
 ROOTFS_VERSION = 2
@@ -131,7 +135,7 @@ def find_mirror(suite: str = SUITE, apt_dir: Path = Path("/etc/apt")) -> str:
 
 
 @contextlib.contextmanager
-def _locked(cache: Path) -> Iterator[None]:
+def locked(cache: Path) -> Iterator[None]:
     """Serialise builds: two `lab up` at once would otherwise both download the same tree."""
     cache.mkdir(parents=True, exist_ok=True)
     with open(cache / ".lock", "w") as fh:
@@ -148,7 +152,7 @@ def ensure_rootfs(progress: Progress, cache: Path | None = None) -> tuple[Path, 
     final = rootfs_path(cache)
     if (final / ".ernie-lab-rootfs").is_file():
         return final, None
-    with _locked(cache):
+    with locked(cache):
         if (final / ".ernie-lab-rootfs").is_file():
             return final, None
         # Leftovers of a crashed build are never reused: only a renamed tree counts as a cache entry.

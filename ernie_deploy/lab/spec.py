@@ -39,8 +39,11 @@ _GPU_UUID_NAMESPACE = uuid.UUID("6f1f3c2e-6c8a-4c1e-9a55-0e4e1ab0c0de")
 _HOST_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$")
 _HOST_KEYS = {
     "name", "count", "gpu_model", "gpu_count", "gpu_memory_mib", "nvlink",
-    "vllm_version", "faults", "driver_version", "cuda_version", "bare",
+    "vllm_version", "faults", "driver_version", "cuda_version", "bare", "vllm",
 }
+# `vllm: real` hosts run the CPU build of real vLLM (lab/realvllm.py); its version, as its metadata says.
+REAL_VLLM_VERSION = "0.32.0+cpu"
+VLLM_KINDS = ("sim", "real")
 _TOP_KEYS = {"hosts", "first_address", "defaults"}
 MAX_HOSTS = 200
 
@@ -76,10 +79,17 @@ class HostSpec:
     driver_version: str = DEFAULT_DRIVER_VERSION
     cuda_version: str = DEFAULT_CUDA_VERSION
     bare: bool = False  # booted without vLLM, the service user and models: a box for `provision`
+    vllm: str = "sim"  # "real": real vLLM (CPU build), installed by `provision`; such a host is always bare
+
+    @property
+    def real(self) -> bool:
+        return self.vllm == "real"
 
     @property
     def installed_version(self) -> str:
         """The vLLM version a non-bare host has installed (and the lab inventory pins)."""
+        if self.real:
+            return REAL_VLLM_VERSION
         return self.vllm_version or version_facts().default
 
     @property
@@ -238,6 +248,21 @@ def _parse_host(raw: dict[str, Any], key: str, replica: int | None, fail: Any) -
     bare = raw.get("bare", False)
     if not isinstance(bare, bool):
         raise fail(f"{key}.bare", "must be true or false")
+    kind = raw.get("vllm", "sim")
+    if kind not in VLLM_KINDS:
+        raise fail(f"{key}.vllm", f"{kind!r} is neither sim nor real",
+                   hint="sim: the simulated vLLM (seconds to start); real: vLLM's CPU build (docs/lab.md)")
+    if kind == "real":
+        if "bare" in raw and not bare:
+            raise fail(f"{key}.bare", "a real-vLLM host is always booted bare: `provision` installs vLLM",
+                       hint="drop bare: false")
+        if raw.get("vllm_version") not in (None, REAL_VLLM_VERSION):
+            raise fail(f"{key}.vllm_version", f"real-vLLM hosts run {REAL_VLLM_VERSION}, the CPU build the lab "
+                                              "prepares", hint="drop vllm_version, or use vllm: sim")
+        if raw.get("faults"):
+            raise fail(f"{key}.faults", "fault knobs are the simulator's; a real-vLLM host has none",
+                       hint="fail real vLLM through its inventory variables instead (docs/lab.md)")
+        bare = True
 
     strings: dict[str, str | None] = {}
     for k in ("vllm_version", "driver_version", "cuda_version"):
@@ -261,4 +286,5 @@ def _parse_host(raw: dict[str, Any], key: str, replica: int | None, fail: Any) -
         driver_version=strings["driver_version"] or DEFAULT_DRIVER_VERSION,
         cuda_version=strings["cuda_version"] or DEFAULT_CUDA_VERSION,
         bare=bare,
+        vllm=kind,
     )

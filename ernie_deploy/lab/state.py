@@ -51,6 +51,10 @@ class LabState:
     started_at: float = 0.0
     ready_seconds: float | None = None
     build_seconds: float | None = None
+    # The package index real-vLLM hosts install from (pkgindex.py), when the spec has such hosts.
+    index_dir: str | None = None
+    index_pid: int | None = None
+    index_port: int | None = None
     version: int = STATE_VERSION
 
     def host(self, name: str) -> HostState:

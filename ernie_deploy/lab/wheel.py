@@ -52,20 +52,41 @@ def dist_info(version: str) -> list[tuple[str, bytes]]:
 
 def build_wheel(version: str, out_dir: Path) -> Path:
     """`vllm-VERSION-py3-none-any.whl` in out_dir (rewritten only when its content changed)."""
+    return _write_wheel("vllm", version, sim_files() + dist_info(version), out_dir)
+
+
+def metadata_wheel(name: str, version: str, summary: str, requires: tuple[str, ...], out_dir: Path) -> Path:
+    """A wheel that installs nothing but its metadata: a distribution name and version for pip and
+    importlib.metadata to find, and the requirements it pulls in (docs/lab.md, real vLLM's packaging)."""
+    info = f"{_dist_name(name)}-{version}.dist-info"
+    metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\nSummary: {summary}\n" + \
+        "".join(f"Requires-Dist: {r}\n" for r in requires)
+    return _write_wheel(name, version, [
+        (f"{info}/METADATA", metadata.encode()),
+        (f"{info}/WHEEL", b"Wheel-Version: 1.0\nGenerator: ernie-deploy-lab\nRoot-Is-Purelib: true\n"
+                          b"Tag: py3-none-any\n"),
+    ], out_dir)
+
+
+def _dist_name(name: str) -> str:
+    """A distribution name as wheel file and dist-info names spell it (PEP 427: runs of -_. become _)."""
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def _write_wheel(name: str, version: str, files: list[tuple[str, bytes]], out_dir: Path) -> Path:
     if not re.fullmatch(r"[0-9][0-9A-Za-z.+]*", version):
         raise ValueError(f"not a wheel version: {version!r}")
-    files = sim_files() + dist_info(version)
-    record = f"vllm-{version}.dist-info/RECORD"
-    lines = [f"{name},{_record_hash(data)},{len(data)}" for name, data in files] + [f"{record},,"]
-    files.append((record, ("\n".join(lines) + "\n").encode()))
+    record = f"{_dist_name(name)}-{version}.dist-info/RECORD"
+    lines = [f"{path},{_record_hash(data)},{len(data)}" for path, data in files] + [f"{record},,"]
+    files = [*files, (record, ("\n".join(lines) + "\n").encode())]
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
-        for name, data in files:
-            entry = zipfile.ZipInfo(name, _ZIP_TIME)
+        for path_in_wheel, data in files:
+            entry = zipfile.ZipInfo(path_in_wheel, _ZIP_TIME)
             entry.external_attr = 0o644 << 16
             entry.compress_type = zipfile.ZIP_DEFLATED
             zf.writestr(entry, data)
-    path = out_dir / f"vllm-{version}-py3-none-any.whl"
+    path = out_dir / f"{_dist_name(name)}-{version}-py3-none-any.whl"
     out_dir.mkdir(parents=True, exist_ok=True)
     if not path.is_file() or path.read_bytes() != buf.getvalue():
         path.write_bytes(buf.getvalue())

@@ -10,6 +10,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,8 +175,9 @@ class UsageEntry:
 
 
 def read_entries() -> list[UsageEntry]:
-    """All registry entries, with the processes that are no longer alive dropped."""
-    entries: list[UsageEntry] = []
+    """All registry entries, with the processes that are no longer alive dropped, and the real vLLM
+    workers running on the host (see real_entries)."""
+    entries: list[UsageEntry] = real_entries()
     directory = usage_dir()
     if not directory.is_dir():
         return entries
@@ -188,6 +190,107 @@ def read_entries() -> list[UsageEntry]:
         if procs:
             entries.append(UsageEntry(path.stem, int(raw.get("utilization_gpu", 0)), procs))
     return entries
+
+
+# Real vLLM (lab hosts with `vllm: real`) retitles its processes: `VLLM::EngineCore`, and under it the workers
+# that would hold GPU memory on a GPU host, `VLLM::Worker` (TP 1; the CPU backend always runs a separate
+# worker) or `VLLM::Worker_TP0`, `VLLM::Worker_TP1`, … (docs/lab.md).
+_REAL_WORKER = re.compile(r"^VLLM::Worker(?:_TP(\d+))?$")
+_GMU_FLAG = re.compile(r"^--gpu[-_]memory[-_]utilization(?:=(.*))?$")
+# vLLM's own default when the flag is absent (0.32: EngineArgs.gpu_memory_utilization = 0.9).
+_DEFAULT_GMU = 0.9
+
+
+def _proc_words(pid: int, name: str) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/{name}").read_bytes()
+    except OSError:
+        return []
+    return [w.decode(errors="replace") for w in raw.split(b"\0") if w]
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _session(pid: int) -> int:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return -1
+
+
+def _api_server(pid: int) -> int | None:
+    """The `vllm serve` process a worker descends from (its grandparent, through the EngineCore)."""
+    for _ in range(4):
+        pid = _parent(pid)
+        if pid <= 1:
+            return None
+        if "serve" in _proc_words(pid, "cmdline"):
+            return pid
+    return None
+
+
+def _serve_settings(api_pid: int) -> tuple[list[str] | None, float]:
+    """CUDA_VISIBLE_DEVICES and --gpu-memory-utilization of a `vllm serve`: read from the API server, whose
+    command line and environment are intact (the workers' are overwritten by their new titles)."""
+    visible = None
+    for word in _proc_words(api_pid, "environ"):
+        if word.startswith("CUDA_VISIBLE_DEVICES="):
+            visible = [v.strip() for v in word.split("=", 1)[1].split(",") if v.strip()]
+    args = _proc_words(api_pid, "cmdline")
+    gmu = _DEFAULT_GMU
+    for i, word in enumerate(args):
+        m = _GMU_FLAG.match(word)
+        if m:
+            text = m.group(1) if m.group(1) is not None else (args[i + 1] if i + 1 < len(args) else "")
+            with contextlib.suppress(ValueError):
+                gmu = float(text)
+    return visible, gmu
+
+
+def real_entries() -> list[UsageEntry]:
+    """Real vLLM workers found in /proc, as the compute apps a GPU host would show: each worker holds the
+    instance's share of the simulated GPU it would run on (rank r on the r-th of CUDA_VISIBLE_DEVICES),
+    `--gpu-memory-utilization` of that GPU's memory, for as long as the process lives. So the GPU-release
+    gate and the GPUs-in-use checks judge real process lifetimes on real-vLLM hosts."""
+    host = load_host_gpus()
+    if host is None:
+        return []
+    by_index = {str(g.index): g for g in host.gpus}
+    by_uuid = {g.uuid: g for g in host.gpus}
+    # Inside a lab host /proc shows only that host's processes; tests on the controller, which share /proc
+    # with everything else running there, name the session their stand-in process tree runs in.
+    session = os.environ.get("ERNIE_LAB_PROC_SESSION")
+    groups: dict[int, UsageEntry] = {}
+    for entry in sorted(Path("/proc").iterdir(), key=lambda p: p.name):
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        if session is not None and _session(pid) != int(session):
+            continue
+        words = _proc_words(pid, "cmdline")
+        m = _REAL_WORKER.match(words[0].strip()) if len(words) == 1 else None
+        if m is None or not pid_alive(pid):
+            continue
+        api = _api_server(pid)
+        if api is None:
+            continue
+        visible, gmu = _serve_settings(api)
+        rank = int(m.group(1) or 0)
+        ids = visible if visible is not None else [str(g.index) for g in host.gpus]
+        if rank >= len(ids):
+            continue
+        gpu = by_index.get(ids[rank]) or by_uuid.get(ids[rank])
+        if gpu is None:
+            continue
+        used = int(gpu.memory_total_mib * gmu)
+        group = groups.setdefault(api, UsageEntry(f"real-vllm-{api}", 0))
+        group.procs.append(GpuProc(pid, gpu.uuid, used, 0, words[0].strip()))
+    return list(groups.values())
 
 
 def write_entry(entry: UsageEntry) -> None:
