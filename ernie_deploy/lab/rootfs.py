@@ -26,12 +26,13 @@ SUITE = "bookworm"
 # Everything a simulated GPU host needs: an init (systemd), a login path (sshd, sudo), the simulators'
 # runtime (python3), what provisioning needs to install vLLM (python3-venv, which brings pip's wheel for
 # ensurepip) and the tools deploy code and tests reach for (ip, ps, pkill). Real vLLM's CPU build needs
-# libnuma (its worker dies in init_cpu_memory_env without it) and, from TP 2 on, a C++ compiler (torch's
-# inductor builds a kernel at the first forward pass: "InvalidCxxCompiler: No working C++ compiler found";
-# vLLM's CPU installation page lists gcc/g++ as a requirement): docs/lab.md.
+# libnuma (its worker dies in init_cpu_memory_env without it) and, from TP 2 on, a C++ compiler and Python's
+# headers (torch's inductor builds a kernel at the first forward pass: "InvalidCxxCompiler: No working C++
+# compiler found", then "Python.h: No such file or directory"; vLLM's CPU installation page lists gcc/g++ as a
+# requirement): docs/lab.md.
 PACKAGES = (
     "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv", "iproute2", "procps", "sudo",
-    "libnuma1", "g++",
+    "libnuma1", "g++", "python3-dev",
 )
 # Bump when _customize changes so an old cached tree is not reused.
 ROOTFS_VERSION = 2

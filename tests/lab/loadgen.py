@@ -16,6 +16,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 HOOK = Path(__file__).with_name("rotation.py")
 
@@ -42,6 +43,8 @@ class LoadBalancer:
     workers: int = 6
     max_seconds: float = 180.0  # always bounded, even when a test forgets to stop it
     api_key: str | None = None  # sent as a bearer token when the instances require one (vllm_api_key)
+    stream_tokens: int = 120  # per streamed request; real vLLM on 2 CPU cores makes ~10 tokens/s
+    tokens: int = 24  # per non-streamed request
     outcomes: list[Outcome] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -91,7 +94,8 @@ class LoadBalancer:
             n += 1
             stream = (n + k) % 2 == 0
             t0 = time.time()  # wall clock: compared with the rotation's events, written by the hook processes
-            ok, detail = complete(backend, self.model, stream, 120 if stream else 24, self.api_key)
+            ok, detail = complete(backend, self.model, stream, self.stream_tokens if stream else self.tokens,
+                                  self.api_key)
             with self._lock:
                 self.outcomes.append(Outcome(backend, stream, ok, detail, t0, time.time()))
 
@@ -160,10 +164,20 @@ def complete(backend: str, model: str, stream: bool, max_tokens: int, api_key: s
     if not stream:
         return ("choices" in data, data[:200])
     events = [line[6:] for line in data.splitlines() if line.startswith("data: ")]
-    finished = any('"finish_reason": "' in e for e in events[:-1])
-    errored = any('"error"' in e for e in events)
+    chunks = [_event(e) for e in events[:-1]]
+    # Real vLLM writes compact JSON, the simulator Python's default separators: read the events, not their text.
+    finished = any(c.get("finish_reason") for chunk in chunks for c in chunk.get("choices", []))
+    errored = any("error" in chunk for chunk in chunks)
     return (bool(events) and events[-1] == "[DONE]" and finished and not errored,
             f"{len(events)} events, finished={finished}, error={errored}")
+
+
+def _event(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {"error": f"not JSON: {text[:80]}"}
+    return value if isinstance(value, dict) else {"error": f"not an object: {text[:80]}"}
 
 
 def healthy(backend: str) -> bool:
