@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ernie_deploy.checks.logscan import check_startup_log, last_start
-from ernie_deploy.checks.signatures import load_signatures, parse_signatures, scan, strip_prefix
+from ernie_deploy.checks.signatures import intended_stop, load_signatures, parse_signatures, scan, strip_prefix
 from ernie_deploy.errors import ConfigError
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
@@ -344,3 +344,122 @@ def test_the_allowed_long_length_warning_is_not_a_fatal_error() -> None:
     assert [m for m in scan([warning]) if m.severity == "fail"] == []
     fatal = [m.signature for m in scan(read("real/max-model-len-pydantic.log")) if m.severity == "fail"]
     assert "max_model_len_too_long" in fatal
+
+
+# --- an intended stop is a shutdown, not a crash -----------------------------------------------------
+
+STOP = "real/stop-abort-0.32.log"
+TRIGGER = "[shutdown] API server: shutdown triggered"
+# systemd's own lines around a `systemctl stop` of the unit, as `journalctl -o short-iso` prints them (systemd 252+
+# puts the unit's name before its description).
+SYSTEMD_STOPPING = ("2026-12-05T10:04:43+0000 gpu-a10-01 systemd[1]: Stopping ernie-vllm-0.service - vLLM serving "
+                    "ernie on port 8000 (ernie-deploy ernie-vllm-0)...")
+SYSTEMD_STOPPED = ("2026-12-05T10:04:44+0000 gpu-a10-01 systemd[1]: ernie-vllm-0.service: Deactivated successfully.",
+                   "2026-12-05T10:04:44+0000 gpu-a10-01 systemd[1]: Stopped ernie-vllm-0.service - vLLM serving ernie "
+                   "on port 8000 (ernie-deploy ernie-vllm-0).")
+# vLLM 0.32.0 v1/executor/multiproc_executor.py:316, logged by the EngineCore's worker monitor (source text).
+WORKER_DIED = ("(EngineCore pid=2837) ERROR 12-05 10:04:43 [multiproc_executor.py:316] Worker proc VllmWorker-0 died "
+               "unexpectedly (exit code: -9), shutting down executor.")
+
+
+def stop_log() -> list[str]:
+    return read(STOP)
+
+
+def at_trigger(lines: list[str]) -> int:
+    return next(i for i, line in enumerate(lines) if TRIGGER in line)
+
+
+def test_a_real_aborted_stop_is_a_shutdown_not_a_fatal_error() -> None:
+    """systemctl stop of real vLLM 0.32 with a stream in flight: its EngineDeadError tracebacks are the abort."""
+    lines = stop_log()
+    assert sum("EngineDeadError" in line for line in lines) == 2  # the output handler's and the stream's, at ERROR
+    assert names(STOP) == []
+    res = by_name(check_startup_log(lines, tp=1, max_model_len=None, kv_tokens_estimate=None))
+    fatal = res["startup_errors"]
+    assert fatal.status == "pass", fatal.summary
+    assert "stopped on request ([shutdown] API server: shutdown triggered)" in fatal.summary
+    assert "engine_dead" in fatal.summary and "not a crash" in fatal.summary
+    assert fatal.evidence == (next(line for line in lines if TRIGGER in line),)
+    stop = intended_stop(lines)
+    assert stop is not None and stop.quiet == ("engine_dead", "python_traceback")
+
+
+def test_the_same_stop_in_the_journal_and_by_systemd_alone() -> None:
+    """As journalctl shows it, with systemd's lines; and without vLLM's trigger line (a vLLM that does not log
+    it), systemd's "Stopping ..." alone says the stop was asked for."""
+    lines = [f"2026-12-05T10:04:43+0000 gpu-a10-01 vllm[2776]: {line}" for line in stop_log()]
+    at = at_trigger(lines)
+    journal = [*lines[:at], SYSTEMD_STOPPING, *lines[at:], *SYSTEMD_STOPPED]
+    assert [m.signature for m in scan(journal)] == []
+    systemd_only = [line for line in journal if TRIGGER not in line]
+    assert [m.signature for m in scan(systemd_only)] == []
+    stop = intended_stop(systemd_only)
+    assert stop is not None and stop.headline.startswith("Stopping ernie-vllm-0.service")
+    plain = stop_log()  # as `journalctl -o cat` prints it: systemd's line has no prefix either
+    assert [m.signature for m in scan([*plain[:at], SYSTEMD_STOPPING.split(": ", 1)[1], *plain[at + 1:]])] == []
+
+
+def test_vllm_lines_that_look_like_a_stop_are_not_one() -> None:
+    """vLLM's own "Stopping profiler..." (0.34.0 serve/profile/api_router.py) is no stop of the unit."""
+    lines = [line for line in stop_log() if TRIGGER not in line]
+    at = next(i for i, line in enumerate(lines) if "stopping engine client" in line)
+    profiler = "(APIServer pid=2776) INFO 12-05 10:04:43 [api_router.py:54] Stopping profiler..."
+    assert "engine_dead" in [m.signature for m in scan([*lines[:at], profiler, *lines[at:]])]
+    assert intended_stop([*lines[:at], profiler, *lines[at:]]) is None
+
+
+def test_an_engine_death_during_the_stop_is_still_a_crash() -> None:
+    """A worker dying while the engine drains (or before the stop) is a death: vLLM never logs these lines when
+    it stops on purpose, so the EngineDeadError lines after it are the death's."""
+    lines = stop_log()
+    at = at_trigger(lines)
+    during = [*lines[:at + 1], WORKER_DIED, *lines[at + 1:]]
+    assert [m.signature for m in scan(during)] == ["engine_dead"]
+    stop = intended_stop(during)
+    assert stop is not None and stop.quiet == ()  # nothing after the death is the stop's
+    before = [*lines[:at], WORKER_DIED, *lines[at:]]
+    assert [m.signature for m in scan(before)] == ["engine_dead"]
+    res = by_name(check_startup_log(during, tp=1, max_model_len=None, kv_tokens_estimate=None))
+    assert res["startup_errors"].status == "fail" and res["startup_errors"].summary.startswith("engine_dead: ")
+
+
+def test_a_crash_before_the_stop_is_still_a_crash() -> None:
+    """The real engine death (no stop asked for) and a stop asked for after it: the death stays a failure."""
+    dead = read("real/engine-dead.log")
+    assert [m.signature for m in scan([*dead, SYSTEMD_STOPPING, *SYSTEMD_STOPPED])] == ["engine_dead"]
+
+
+# Real vLLM stopped by SIGTERM after a healthy start: the given capture, and the abort and drain stops
+# scripts/capture-real-vllm records (serve-*.log) as they arrive.
+REAL_STOPS = [LOGS / STOP, *sorted((LOGS.parent / "real-vllm").glob("*/serve-*.log"))]
+
+
+@pytest.mark.parametrize("log", REAL_STOPS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_real_stops_have_no_fatal_line(log: Path) -> None:
+    lines = log.read_text(errors="replace").splitlines()
+    assert [m.signature for m in scan(lines)] == []
+    assert intended_stop(lines) is not None
+
+
+def test_a_real_drain_refusing_a_new_request_is_the_stop_too() -> None:
+    """--shutdown-timeout 30: a request that arrives during the drain is answered 500 with an ASGI traceback
+    (`RuntimeError: cannot schedule new futures after shutdown`), and the stream still running at the timeout
+    is cut with an EngineDeadError: both are the stop's."""
+    real = LOGS.parent / "real-vllm" / "0.32.0"
+    refused = (real / "serve-tp1-drain.run3.log").read_text().splitlines()
+    assert any("RuntimeError: cannot schedule new futures after shutdown" in line for line in refused)
+    stop = intended_stop(refused)
+    assert scan(refused) == [] and stop is not None and stop.quiet == ("python_traceback",)
+    cut = (real / "serve-tp1-drain.log").read_text().splitlines()
+    assert any("stopping engine client mode=drain timeout=30s" in line for line in cut)
+    stop = intended_stop(cut)
+    assert scan(cut) == [] and stop is not None and stop.quiet == ("engine_dead", "python_traceback")
+
+
+def test_a_stop_of_an_earlier_run_does_not_excuse_a_later_one() -> None:
+    """Lines of two runs (the stopped one, then a new start that crashes): only the first run was stopped."""
+    lines = stop_log()
+    again = [next(line for line in lines if "non-default args" in line), *read("real/engine-dead.log")]
+    assert [m.signature for m in scan([*lines, *again])] == ["engine_dead"]
+    assert intended_stop([*lines, *again]) is None

@@ -56,6 +56,19 @@ def test_fatal_journal_line_ends_the_wait_at_once() -> None:
     assert isinstance(verdict, Readiness) and verdict.status == "failed" and verdict.evidence
 
 
+def test_a_stop_during_the_wait_ends_it_as_a_stop_not_a_crash() -> None:
+    """Someone stops the unit while the deploy waits: real vLLM 0.32 logs EngineDeadError tracebacks for the
+    requests it aborts; the watch names the stop (at once, not at the budget), not an engine death."""
+    real = Path(__file__).parent / "fixtures" / "logs" / "real" / "stop-abort-0.32.log"
+    lines = [x for x in real.read_text().splitlines() if not x.startswith("# ")]
+    verdict = step(State(started=0), obs(1, unit("deactivating", journal=lines), None, None), SPEC)
+    assert isinstance(verdict, Readiness) and verdict.status == "failed"
+    assert verdict.summary == "ernie-vllm-0 was stopped while the deploy waited for it to become ready"
+    assert verdict.cause is not None and "[shutdown] API server: shutdown triggered" in verdict.cause
+    assert "EngineDeadError" not in verdict.summary + verdict.cause
+    assert verdict.evidence == [next(x for x in lines if "shutdown triggered" in x)]
+
+
 def test_crash_loop_counts_restarts_after_the_deploys_own_restart() -> None:
     state = State(started=0, invocation="run-1", restarts=3)  # NRestarts activate printed after its restart
     assert isinstance(step(state, obs(1, unit("activating", restarts=3), None, None), SPEC), Wait)

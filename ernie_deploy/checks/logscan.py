@@ -13,7 +13,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ernie_deploy.checks.result import CheckResult, Status
-from ernie_deploy.checks.signatures import CONTEXT_KEYS, JOURNAL_PREFIX, as_text, prefix_patterns, scan, strip_prefix
+from ernie_deploy.checks.signatures import (
+    CONTEXT_KEYS,
+    JOURNAL_PREFIX,
+    as_text,
+    intended_stop,
+    prefix_patterns,
+    scan,
+    strip_prefix,
+)
 from ernie_deploy.errors import ConfigError
 
 _START = re.compile(r"^(?:vLLM API server version |vLLM server version )")
@@ -31,7 +39,8 @@ _WORKER = re.compile(
 # TP rank %s, EP rank %s`; 0.34.0 adds `PCP rank %s, ` before the TP rank (vllm/distributed/parallel_state.py).
 _RANK = re.compile(r"^rank \d+ in world size \d+ is assigned as DP rank \d+, PP rank \d+, (?:PCP rank \d+, )?"
                    r"TP rank (?P<tp>\d+)\b")
-_KV_SIZE = re.compile(r"KV cache size: (?P<tokens>[\d,]+) tokens")
+# The pool the line names: GPU, or CPU on vLLM's CPU backend (0.32.0 vllm/v1/core/kv_cache_utils.py:2311-2313).
+_KV_SIZE = re.compile(r"(?:\b(?P<device>[A-Z]+) )?KV cache size: (?P<tokens>[\d,]+) tokens")
 _CONCURRENCY = re.compile(r"Maximum concurrency for (?P<len>[\d,]+) tokens per request: (?P<x>[\d.]+)x")
 _PLACEHOLDER = re.compile(r"\{(\w+)\}")
 
@@ -173,6 +182,7 @@ def _check_kv(seg: Sequence[str], estimate: int | None, tolerance: float, instan
         return CheckResult(name, "warn", "no 'GPU KV cache size' line: the engine has not finished start-up",
                            instance=instance)
     tokens = _number(size[0]["tokens"])
+    said = f"{size[0]['device']} KV cache size" if size[0]["device"] else "KV cache size"
     lines = [size[1]]
     conc = _last(seg, _CONCURRENCY)
     extra = ""
@@ -181,17 +191,17 @@ def _check_kv(seg: Sequence[str], estimate: int | None, tolerance: float, instan
         if conc[1] not in lines:
             lines.append(conc[1])
     if not estimate:
-        return CheckResult(name, "pass", f"GPU KV cache size {tokens:,} tokens{extra} (no planner estimate)",
+        return CheckResult(name, "pass", f"{said} {tokens:,} tokens{extra} (no planner estimate)",
                            tuple(lines), instance=instance)
     off = (tokens - estimate) / estimate
     if abs(off) > tolerance:
-        return CheckResult(name, "warn", f"GPU KV cache size {tokens:,} tokens, planner estimated {estimate:,} "
+        return CheckResult(name, "warn", f"{said} {tokens:,} tokens, planner estimated {estimate:,} "
                            f"({off:+.0%}, tolerance ±{tolerance:.0%}){extra}", tuple(lines),
                            cause="the planner's memory model differs from what vLLM profiled on this host "
                                  "(other processes on the GPU, version-specific activation or CUDA-graph memory)",
                            fix="trust vLLM's number; if capacity matters, adjust gpu_memory_utilization or the "
                                "planner's reserves", instance=instance)
-    return CheckResult(name, "pass", f"GPU KV cache size {tokens:,} tokens (planner: {estimate:,}, {off:+.0%}){extra}",
+    return CheckResult(name, "pass", f"{said} {tokens:,} tokens (planner: {estimate:,}, {off:+.0%}){extra}",
                        tuple(lines), instance=instance)
 
 
@@ -236,7 +246,13 @@ def _check_fatal(lines: Sequence[str], context: Mapping[str, Any], instance: str
     name = "startup_errors"
     matches = scan(lines, context)
     if not matches:
-        return CheckResult(name, "pass", "no fatal start-up errors in the log", instance=instance)
+        stop = intended_stop(lines)
+        if stop is None or not stop.quiet:
+            return CheckResult(name, "pass", "no fatal start-up errors in the log", instance=instance)
+        # Say why the error lines someone reading the journal will see do not count.
+        return CheckResult(name, "pass", f"no fatal start-up errors in the log; the run was stopped on request "
+                           f"({stop.headline}), and its {', '.join(stop.quiet)} lines are that stop's shutdown, "
+                           "not a crash", (stop.line,), instance=instance)
     top = next((m for m in matches if m.severity == "fail"), matches[0])
     others = [m.signature for m in matches if m is not top]
     more = f" (also: {', '.join(others)})" if others else ""

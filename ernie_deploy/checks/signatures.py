@@ -37,11 +37,30 @@ _LOG_HEADER = re.compile(
 
 MAX_SPAN = 400  # lines between a traceback's first line and its exception line
 
+# An intended stop of a run (`systemctl stop` or restart, a host shutting down): vLLM's API server logs
+# `[shutdown] API server: shutdown triggered` on the SIGTERM (or SIGINT) it gets (0.32.0 and 0.34.0
+# entrypoints/launchers/launcher.py), and systemd logs its stop job, `Stopping <unit> - <description>...`
+# (`Stopping <description>...` before systemd 252), before it sends the signal. The stop patterns are searched in
+# the whole line: systemd's own line comes without vLLM's prefixes (`-o cat`) or from `systemd[N]: `
+# (journalctl's short formats), which tells it from vLLM's `INFO ... [api_router.py:54] Stopping profiler...`.
+STOP_TRIGGER = re.compile(r"\[shutdown\] API server: shutdown triggered|"
+                          r"(?:^|\bsystemd\[\d+\]: )Stopping \S.*(?:\.\.\.|…)$")
+# Lines only a real death logs. vLLM keeps them quiet while it stops on purpose (0.32.0 v1/executor/
+# multiproc_executor.py's worker monitor returns once shutting_down is set, v1/engine/core_client.py's engine
+# monitor once the client is finalized), so after one of these the EngineDeadError lines are the death's.
+ENGINE_DIED = re.compile(r"died unexpectedly|engine core exited unexpectedly|EngineCore encountered a fatal error")
+# A new run begins: systemd starts the unit again, or vLLM's first lines (the ones logscan.last_start reads). A stop
+# of an earlier run in the same lines says nothing about a later one.
+RUN_BEGINS = re.compile(r"(?:^|\bsystemd\[\d+\]: )Start(?:ing \S.*(?:\.\.\.|…)|ed \S.*\.)$|"
+                        r"vLLM (?:API )?server version |non-default args: \{")
+
 
 def prefix_patterns() -> dict[str, str]:
-    """The prefixes strip_prefix removes, as regular expressions by name (for the exported checker)."""
+    """The prefixes strip_prefix removes and the lines that tell an intended stop, as regular expressions by name
+    (for the exported checker)."""
     return {"journal_prefix": JOURNAL_PREFIX.pattern, "proc_prefix": _PROC_PREFIX.pattern,
-            "log_header": _LOG_HEADER.pattern}
+            "log_header": _LOG_HEADER.pattern, "stop_trigger": STOP_TRIGGER.pattern,
+            "engine_died": ENGINE_DIED.pattern, "run_begins": RUN_BEGINS.pattern}
 
 
 def strip_prefix(line: str) -> str:
@@ -66,6 +85,7 @@ class Signature:
     severity: Status = "fail"
     generic: bool = False
     end: re.Pattern[str] | None = None
+    shutdown: bool = False  # also logged by an intended stop: a match inside one is the stop's (see stopping)
 
 
 @dataclass(frozen=True)
@@ -115,7 +135,7 @@ def parse_signatures(raw: Any, where: str) -> tuple[Signature, ...]:
     for n, item in enumerate(items):
         key = f"signatures[{n}]"
         expect_type(item, dict, where, key)
-        unknown = set(item) - {"name", "regex", "cause", "fix", "after", "severity", "generic", "end"}
+        unknown = set(item) - {"name", "regex", "cause", "fix", "after", "severity", "generic", "end", "shutdown"}
         if unknown:
             raise ConfigError(f"{key}: unknown key(s) {', '.join(sorted(unknown))}", where=where)
         name = expect_type(item.get("name"), str, where, f"{key}.name")
@@ -140,6 +160,7 @@ def parse_signatures(raw: Any, where: str) -> tuple[Signature, ...]:
             severity=severity,
             generic=expect_type(item.get("generic", False), bool, where, f"{key}.generic"),
             end=None if end is None else _compile(end, where, f"{key}.end"),
+            shutdown=expect_type(item.get("shutdown", False), bool, where, f"{key}.shutdown"),
         ))
     return tuple(out)
 
@@ -171,17 +192,62 @@ def _values(groups: Mapping[str, str | None], context: Mapping[str, Any]) -> dic
     return values
 
 
-def _find(sig: Signature, msgs: Sequence[str], start: int) -> tuple[int, int, re.Match[str]] | None:
-    """First (line, end line, match) at or after `start`; end line == line unless the signature spans."""
+def stopping(lines: Sequence[str]) -> list[bool]:
+    """Per line: whether its run is being stopped on purpose with its engine still alive: an intended stop began
+    earlier in the run (STOP_TRIGGER) and no death line (ENGINE_DIED) came yet, up to and including this line.
+
+    Such a stop aborts the requests in flight, and vLLM logs each as an `EngineDeadError` traceback at ERROR
+    (real 0.32.0, tests/fixtures/logs/real/stop-abort-0.32.log): that is the shutdown, not a crash. A death line
+    before or during the stop keeps its tracebacks a failure."""
+    out: list[bool] = []
+    stopped = died = False
+    for line in lines:
+        if RUN_BEGINS.search(line):
+            stopped = died = False
+        died = died or bool(ENGINE_DIED.search(line))
+        stopped = stopped or bool(STOP_TRIGGER.search(line))
+        out.append(stopped and not died)
+    return out
+
+
+@dataclass(frozen=True)
+class Stop:
+    """The intended stop of the last run in a log."""
+
+    line: str  # the line that began it
+    headline: str  # that line without prefixes
+    quiet: tuple[str, ...]  # `shutdown` signatures whose lines the stop itself logged, not failures
+
+
+def intended_stop(lines: Iterable[str], signatures: Sequence[Signature] | None = None) -> Stop | None:
+    """The intended stop of the last run in `lines` (see stopping), or None when that run was not stopped so."""
+    raw = [line.rstrip("\r\n") for line in lines]
+    begins = max((i for i, line in enumerate(raw) if RUN_BEGINS.search(line)), default=0)
+    at = next((i for i in range(begins, len(raw)) if STOP_TRIGGER.search(raw[i])), None)
+    if at is None:
+        return None
+    quiet = stopping(raw)
+    msgs = [strip_prefix(line) for line in raw]
+    sigs = signatures if signatures is not None else load_signatures()
+    names = tuple(s.name for s in sigs if s.shutdown and any(
+        quiet[i] and any(rx.search(msgs[i]) for rx in s.regexes) for i in range(at, len(raw))))
+    return Stop(raw[at], msgs[at].strip(), names)
+
+
+def _find(sig: Signature, msgs: Sequence[str], start: int,
+          quiet: Sequence[bool]) -> tuple[int, int, re.Match[str]] | None:
+    """First (line, end line, match) at or after `start`; end line == line unless the signature spans. A match of
+    a `shutdown` signature whose lines lie in an intended stop (`quiet`, see stopping) is the stop's: skipped."""
     for i in range(start, len(msgs)):
         found = next((m for rx in sig.regexes if (m := rx.search(msgs[i]))), None)
         if found is None:
             continue
-        if sig.end is None:
-            return i, i, found
-        for j in range(i + 1, min(len(msgs), i + 1 + MAX_SPAN)):
-            if sig.end.search(msgs[j]):
-                return i, j, found
+        end = sig.end
+        j = i if end is None else next((k for k in range(i + 1, min(len(msgs), i + 1 + MAX_SPAN))
+                                        if end.search(msgs[k])), None)
+        if j is None or (sig.shutdown and quiet[i] and quiet[j]):
+            continue
+        return i, j, found
     return None
 
 
@@ -193,20 +259,22 @@ def scan(
     """Every signature found in `lines`, in the order of first appearance.
 
     A generic signature (a bare traceback) is dropped when a specific failure explains the same log: the
-    final `RuntimeError: Engine core initialization failed` follows every root cause and adds nothing.
+    final `RuntimeError: Engine core initialization failed` follows every root cause and adds nothing. The
+    lines an intended stop logs as it shuts the engine down are not failures (see stopping).
     """
     raw = [line.rstrip("\r\n") for line in lines]
     msgs = [strip_prefix(line) for line in raw]
+    quiet = stopping(raw)
     ctx = dict(context or {})
     found: list[Match] = []
     for sig in signatures if signatures is not None else load_signatures():
-        first = _find(sig, msgs, 0)
+        first = _find(sig, msgs, 0, quiet)
         if first is None:
             continue
         i, j, m = first
-        count, nxt = 1, _find(sig, msgs, j + 1)
+        count, nxt = 1, _find(sig, msgs, j + 1, quiet)
         while nxt is not None:
-            count, nxt = count + 1, _find(sig, msgs, nxt[1] + 1)
+            count, nxt = count + 1, _find(sig, msgs, nxt[1] + 1, quiet)
         if sig.end is None:
             evidence = raw[i : i + 1 + sig.after]
             headline = msgs[i].strip()

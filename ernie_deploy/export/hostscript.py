@@ -108,7 +108,35 @@ def tp_verdict(lines: list[str], tp: int) -> tuple[str, str]:
     return "pass", f"Using tensor parallel size {tp} (vLLM's {evidence[0][0]} says so)"
 
 
-def _find(sig: dict[str, Any], msgs: list[str], start: int) -> tuple[int, int, re.Match[str]] | None:
+def stopping(lines: list[str]) -> list[bool]:
+    """Per line: its run is being stopped on purpose and no engine death came yet (checks/signatures.py's
+    stopping): the EngineDeadError tracebacks such a stop logs are its shutdown, not a crash."""
+    out = []
+    stopped = died = False
+    for raw in lines:
+        line = raw.rstrip("\r\n")
+        if _rx("run_begins").search(line):
+            stopped = died = False
+        died = died or bool(_rx("engine_died").search(line))
+        stopped = stopped or bool(_rx("stop_trigger").search(line))
+        out.append(stopped and not died)
+    return out
+
+
+def stop_headline(lines: list[str]) -> str | None:
+    """The line that began the last run's intended stop, without prefixes (signatures.py's intended_stop)."""
+    begins = 0
+    for i, line in enumerate(lines):
+        if _rx("run_begins").search(line.rstrip("\r\n")):
+            begins = i
+    for line in lines[begins:]:
+        if _rx("stop_trigger").search(line.rstrip("\r\n")):
+            return strip_prefix(line).strip()
+    return None
+
+
+def _find(sig: dict[str, Any], msgs: list[str], start: int,
+          quiet: list[bool]) -> tuple[int, int, re.Match[str]] | None:
     regexes = [re.compile(p) for p in sig["regex"]]
     end = re.compile(sig["end"]) if sig.get("end") else None
     for i in range(start, len(msgs)):
@@ -119,20 +147,21 @@ def _find(sig: dict[str, Any], msgs: list[str], start: int) -> tuple[int, int, r
                 break
         if found is None:
             continue
-        if end is None:
-            return i, i, found
-        for j in range(i + 1, min(len(msgs), i + 1 + DATA["max_span"])):
-            if end.search(msgs[j]):
-                return i, j, found
+        j = i if end is None else next((k for k in range(i + 1, min(len(msgs), i + 1 + DATA["max_span"]))
+                                        if end.search(msgs[k])), None)
+        if j is None or (sig["shutdown"] and quiet[i] and quiet[j]):
+            continue
+        return i, j, found
     return None
 
 
 def fatal_matches(lines: list[str]) -> list[dict[str, Any]]:
     """The fatal start-up signatures in `lines`, in order of first appearance (checks/signatures.py's scan)."""
     msgs = [strip_prefix(line) for line in lines]
+    quiet = stopping(lines)
     found = []
     for sig in DATA["signatures"]:
-        first = _find(sig, msgs, 0)
+        first = _find(sig, msgs, 0, quiet)
         if first is None:
             continue
         i, j, _ = first
@@ -385,7 +414,8 @@ def _health(url: str) -> int | None:
 
 def cmd_wait(args: argparse.Namespace) -> int:
     """Wait until the unit answers /health 200 for `stable` seconds; end at once, naming the signature, when
-    its journal shows a fatal start-up line or systemd restarted it (readiness.py's gate, in small)."""
+    its journal shows a fatal start-up line or systemd restarted it, and naming the stop when it is being
+    stopped (readiness.py's gate, in small)."""
     service = args.unit + ".service"
     restarts = show(service, "NRestarts")
     deadline = time.monotonic() + args.timeout
@@ -397,6 +427,12 @@ def cmd_wait(args: argparse.Namespace) -> int:
         if verdict == "fail":
             top = next(m for m in matches if m["severity"] == "fail")
             print("{} failed to start: {}: {} ({})".format(service, top["signature"], top["headline"], top["cause"]))
+            return 1
+        stop = stop_headline(lines)
+        if stop is not None:
+            # Someone else stopped it (systemctl stop, the host shutting down): it will not become ready.
+            print(f"{service} was stopped while waiting for it to become ready ({stop}): a stop was requested, "
+                  "not a crash")
             return 1
         if state == "failed" or show(service, "NRestarts") != restarts:
             print(f"{service} exited during start-up (state {state}); journalctl -u {service} shows why")
@@ -423,10 +459,14 @@ def cmd_check(args: argparse.Namespace) -> int:
             lines = fh.read().splitlines()
     tp, tp_why = tp_verdict(lines, args.tp)
     fatal, matches = fatal_verdict(lines)
+    stop = stop_headline(lines)
+    clean = "no fatal start-up errors in the log" if stop is None else \
+        f"no fatal start-up errors in the log; the run was stopped on request ({stop}): what it logged after that " \
+        "is its shutdown, not a crash"
     out = {"tensor_parallel": {"status": tp, "message": tp_why},
            "startup_errors": {"status": fatal, "signatures": [m["signature"] for m in matches],
                               "message": "; ".join("{}: {}".format(m["signature"], m["headline"]) for m in matches)
-                              or "no fatal start-up errors in the log"}}
+                              or clean}}
     print(json.dumps(out, sort_keys=True))
     return 1 if "fail" in (tp, fatal) else 0
 

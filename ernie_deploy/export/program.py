@@ -19,7 +19,7 @@ def checker_data(signatures: tuple[Signature, ...] | None = None) -> dict[str, A
         "max_span": MAX_SPAN,
         "signatures": [{"name": s.name, "regex": [rx.pattern for rx in s.regexes],
                         "end": s.end.pattern if s.end is not None else None, "severity": s.severity,
-                        "generic": s.generic, "cause": s.cause} for s in sigs],
+                        "generic": s.generic, "shutdown": s.shutdown, "cause": s.cause} for s in sigs],
     }
 
 

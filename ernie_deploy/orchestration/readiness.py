@@ -4,7 +4,8 @@
 host got) and returns a verdict or "wait, and ask this next". Ready means all three agree: the unit runs,
 no fatal line appeared, /health is 200, /v1/models lists the served name with the planned max_model_len,
 and a small completion works; and all that still holds after a stability window. A known fatal signature
-ends the wait at once, not at the budget. `watch` is the loop: build the poll command, run it, step.
+ends the wait at once, not at the budget, and so does a stop someone else asked for (whose shutdown lines
+are no fatal signature). `watch` is the loop: build the poll command, run it, step.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from ernie_deploy.checks import http as judge
 from ernie_deploy.checks.expectations import Expectations
-from ernie_deploy.checks.signatures import instance_context, scan
+from ernie_deploy.checks.signatures import instance_context, intended_stop, scan
 from ernie_deploy.orchestration.instancecheck import api_key, request_id, requests_for, serves
 from ernie_deploy.orchestration.transport import Transport
 from ernie_deploy.planning.plantypes import HostPlan, InstancePlan
@@ -89,6 +90,13 @@ def step(state: State, obs: Observation, spec: Spec) -> Readiness | Wait:
     if fatal:
         m = fatal[0]
         return done("failed", f"{unit}: {m.headline}", cause=m.cause, fix=m.fix, evidence=list(m.lines))
+    stop = intended_stop(state.journal)
+    if stop is not None:
+        # Its shutdown lines are no failure (scan), but a unit being stopped will not become ready either.
+        return done("failed", f"{unit} was stopped while the deploy waited for it to become ready",
+                    cause=f"a stop was requested ({stop.headline}): `systemctl stop` or restart by someone else, or "
+                          "the host shutting down; not a crash", evidence=[stop.line],
+                    fix=f"journalctl -u {unit} shows the stop; deploy again once nothing else stops it")
     restarts = u.state.n_restarts - state.restarts
     if restarts >= 2:
         return done("failed", f"{unit} is in a crash loop: systemd restarted it {restarts} times since the deploy",
