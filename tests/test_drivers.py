@@ -9,7 +9,7 @@ from ernie_deploy.planning.drivers import driver_version, judge, need
 
 def test_every_row_of_the_table_loads_and_names_a_cuda_with_its_drivers() -> None:
     for release in ("0.9.1", "0.9.2", "0.10.1.1", "0.11.0", "0.13.0", "0.18.0", "0.20.0", "0.24.0", "0.27.1",
-                    "0.33.0", "0.34.0"):
+                    "0.32.0", "0.33.0", "0.34.0"):
         wanted = need(release)
         assert wanted is not None and wanted.exact and wanted.row == release
         assert driver_version(wanted.minimum) is not None
@@ -50,3 +50,13 @@ def test_judge_names_both_versions(driver: str, ok: bool | None, words: str) -> 
     assert verdict.ok is ok and words in verdict.summary, verdict.summary
     if ok is not None:
         assert driver in verdict.summary and "580.65.06" in verdict.summary and "0.34.0" in verdict.summary
+
+
+def test_vllm_0_32_has_its_own_row_read_from_its_wheel() -> None:
+    wanted = need("0.32.0")
+    assert wanted is not None and wanted.exact
+    assert (wanted.torch, wanted.cuda, wanted.minimum, wanted.floor) == ("2.13.0", "13.0", "580.65.06", "580")
+    # The CPU build's version is the same release (docs/drivers.md: its verdict does not apply to CPU hosts).
+    cpu = need("0.32.0+cpu")
+    assert cpu is not None and cpu.row == "0.32.0" and cpu.exact
+    assert "unverified" not in judge("580.95.05", cpu).summary

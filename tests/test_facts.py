@@ -92,3 +92,14 @@ def test_vllm_version_comes_from_package_metadata_not_from_running_vllm(tmp_path
     assert out.split() == ["0.11.0", "rc=0"]
     facts = parse_facts(f"@@ernie-deploy:vllm\n{out}@@ernie-deploy:end\n")
     assert facts.vllm_version == "0.11.0"
+
+
+def test_vllm_version_keeps_its_local_label_and_pre_release() -> None:
+    """The CPU build's metadata says 0.32.0+cpu: the label is what tells the planner it is a CPU build."""
+    def version(out: str) -> str | None:
+        return parse_facts(f"@@ernie-deploy:vllm\n{out}\nrc=0\n@@ernie-deploy:end\n").vllm_version
+
+    assert version("0.32.0+cpu") == "0.32.0+cpu"
+    assert version("0.10.1.1") == "0.10.1.1"
+    assert version("0.11.0rc2.dev45+g1234abc.d20260101") == "0.11.0rc2.dev45+g1234abc.d20260101"
+    assert version("INFO 12-05 [__init__.py:1] Automatically detected platform cpu.\n0.9.2") == "0.9.2"

@@ -265,3 +265,161 @@ def test_bad_table_names_key(tmp_path: Path) -> None:
     table.write_text("rows:\n  - {name: x, gpu_model: A10, gpu_count: one}\n")
     with pytest.raises(ConfigError, match=r"rows\[0\]\.gpu_count: expected int"):
         PlanContext.load(table)
+
+
+# vLLM's CPU backend (docs/variables.md#vllms-cpu-backend): the lab's real-vLLM hosts pin the CPU build.
+CPU = {**A10, "gpu_count": 2, "vllm_version": "0.32.0+cpu", "vllm_max_model_len": 4096}
+CPU4 = {**CPU, "gpu_count": 4, "vllm_tensor_parallel_size": 2}  # the 4xA10 row would give TP 4
+
+
+def test_cpu_build_version_is_release_0_32() -> None:
+    from ernie_deploy.planning.versions import Presence, parse_version, version_facts
+
+    assert parse_version("0.32.0+cpu") == parse_version("0.32.0") == (0, 32, 0)
+    facts = version_facts()
+    assert facts.architectures["Ernie4_5ForCausalLM"].presence((0, 32, 0)) is Presence.PRESENT
+    assert facts.architectures["Ernie4_5_ForCausalLM"].presence((0, 32, 0)) is Presence.ABSENT
+    assert facts.flags["--shutdown-timeout"].presence((0, 32, 0)) is Presence.PRESENT
+    assert facts.flags["--swap-space"].presence((0, 32, 0)) is Presence.ABSENT
+
+
+def test_cpu_host_plans_with_its_pool_and_binding_and_no_warnings(plan_one: Plan) -> None:
+    p = plan_one(**CPU, vllm_cpu_kvcache_space=1, vllm_cpu_omp_threads_bind="0|1",
+                 vllm_extra_args=["--load-format", "dummy", "--enforce-eager"])
+    assert p.ok and not [f for f in p.findings if f.severity is not Severity.INFO], p.findings
+    (inst,) = p.instances
+    assert (inst.cpu_kvcache_space, inst.cpu_omp_threads_bind) == (1, "0|1")
+    assert inst.memory is not None and inst.memory.kv_tokens == 116480  # 1 GiB per rank, 1 KV head per rank at TP 2
+    assert p.settings["cpu_kvcache_space"].source == "inventory variable"
+    assert p.settings["cpu_omp_threads_bind"].source == "inventory variable"
+    memory = p.to_json()["instances"][0]["memory"]
+    assert (memory["kv_pool_source"], memory["kv_pool_bytes"], memory["kv_tokens"]) == (
+        "vllm_cpu_kvcache_space", 2**30, 116480)
+    headroom = finding(p, "kv-headroom")
+    assert "vllm_cpu_kvcache_space (1 GiB per worker rank" in headroom.message and "116,480 tokens" in headroom.message
+    assert "tp-small-model" not in codes(p)  # GPU layout advice does not apply to the CPU backend
+
+
+def test_gpu_hosts_keep_the_gpu_memory_model(plan_one: Plan) -> None:
+    memory = plan_one(**A10, gpu_count=1).to_json()["instances"][0]["memory"]
+    assert (memory["kv_pool_source"], memory["kv_block_size"]) == ("gpu_memory_utilization", 16)
+
+
+def test_cpu_settings_come_from_the_table_too(tmp_path: Path, write_inventory: Callable[[str], Path]) -> None:
+    table = (ROOT / "ernie_deploy/data/recommendations.yml").read_text().replace(
+        "  gpu_memory_utilization: 0.9\n", "  gpu_memory_utilization: 0.9\n  cpu_kvcache_space: 2\n", 1)
+    (tmp_path / "table.yml").write_text(table)
+    inv = write_inventory("all:\n  hosts:\n    h: {gpu_model: A10, gpu_count: 1, vllm_version: 0.32.0+cpu}\n")
+    (p,) = plan_hosts(list(load_inventory(inv).select(None)), PlanContext.load(tmp_path / "table.yml", tmp_path))
+    assert p.instances[0].cpu_kvcache_space == 2
+    assert p.settings["cpu_kvcache_space"].source.startswith("table defaults")
+
+
+def test_cpu_pool_too_small_for_the_context_fails_like_vllm(plan_one: Plan) -> None:
+    f = finding(plan_one(**{**CPU, "vllm_max_model_len": 131072}, vllm_tensor_parallel_size=1,
+                         vllm_cpu_kvcache_space=1), "kv-too-small")
+    assert f.severity is Severity.ERROR and f.instance == "ernie-vllm-0"
+    assert f.vllm_message is not None and f.vllm_message.startswith(
+        "To serve at least one request with the model's max seq len (131072), (2.25 GiB KV cache is needed, which is "
+        "larger than the available KV cache memory (1.0 GiB).")
+    assert f.fix == "set vllm_max_model_len to 58112 or less (the largest that fits), or vllm_cpu_kvcache_space to 3"
+
+
+@pytest.mark.parametrize(("value", "code", "words"), [
+    ("0-3", "cpu-omp-bind-ranks", "'0-3' gives 1 CPU list(s), but TP 2 × PP 1 = 2 worker rank(s) need one each"),
+    ("0|1|2", "cpu-omp-bind-ranks", "'0|1|2' gives 3 CPU list(s)"),
+    ("0|a", "cpu-omp-bind", "'a' is not a CPU list like 0-3,8"),
+    ("0||1", "cpu-omp-bind", "an empty CPU list"),
+    ("0|1|", "cpu-omp-bind", "an empty CPU list"),
+    ("3-1|4", "cpu-omp-bind", "the range 3-1 runs backwards"),
+    ("0, 1|2", "cpu-omp-bind", "'0, 1' is not a CPU list"),
+    ("AUTO", "cpu-omp-bind", "'AUTO' is not a CPU list"),
+])
+def test_bad_omp_binding_is_an_error_naming_instance_value_and_fix(plan_one: Plan, value: str, code: str,
+                                                                    words: str) -> None:
+    p = plan_one(**CPU, vllm_cpu_kvcache_space=1, vllm_cpu_omp_threads_bind=value)
+    f = finding(p, code)
+    assert f.severity is Severity.ERROR and f.instance == "ernie-vllm-0"
+    assert f"vllm_cpu_omp_threads_bind {value!r}" in f.message and words in f.message, f.message
+    assert f.fix is not None and re.search(r"'\d+(-\d+)?\|\d+(-\d+)?'", f.fix), f.fix  # a value for two ranks
+
+
+def test_rank_count_mismatch_quotes_vllm_and_splits_the_cpus(plan_one: Plan) -> None:
+    f = finding(plan_one(**CPU, vllm_cpu_kvcache_space=1, vllm_cpu_omp_threads_bind="0-3"), "cpu-omp-bind-ranks")
+    assert f.vllm_message == "Given number of CPU id list ['0-3'] doesn't match local world size 2."
+    assert f.fix == "set vllm_cpu_omp_threads_bind to '0-1|2-3' (one CPU list per rank, joined by '|'), or to nobind"
+    # pipeline parallelism adds ranks: TP 2 × PP 2 needs four lists
+    f = finding(plan_one(**CPU4, vllm_pipeline_parallel_size=2, vllm_cpu_omp_threads_bind="0|1"),
+                "cpu-omp-bind-ranks")
+    assert "TP 2 × PP 2 = 4 worker rank(s)" in f.message and "'0|1|2|3'" in (f.fix or "")
+
+
+@pytest.mark.parametrize("value", ["auto", "nobind", "0|1", "0-3,8|4-7,9", ["0|1"]])
+def test_good_omp_bindings_plan(plan_one: Plan, value: object) -> None:
+    p = plan_one(**CPU, vllm_cpu_kvcache_space=1, vllm_cpu_omp_threads_bind=value)
+    assert p.ok and not [f for f in p.findings if f.severity is Severity.WARNING], p.findings
+
+
+def test_a_list_binds_each_instance_in_order(plan_one: Plan) -> None:
+    p = plan_one(**CPU4, vllm_instances=2, vllm_cpu_kvcache_space=1,
+                 vllm_cpu_omp_threads_bind=["0|1", "2-3|4-5"])
+    assert p.ok, p.findings
+    assert [i.cpu_omp_threads_bind for i in p.instances] == ["0|1", "2-3|4-5"]
+
+
+def test_a_list_of_the_wrong_length_is_an_error(plan_one: Plan) -> None:
+    p = plan_one(**CPU4, vllm_instances=2, vllm_cpu_kvcache_space=1,
+                 vllm_cpu_omp_threads_bind=["0|1"])
+    f = finding(p, "cpu-omp-bind-count")
+    assert f.severity is Severity.ERROR
+    assert f.message == "vllm_cpu_omp_threads_bind lists 1 value(s) for 2 instance(s)"
+    assert f.fix is not None and "ernie-vllm-0, ernie-vllm-1" in f.fix
+    assert [i.cpu_omp_threads_bind for i in p.instances] == ["0|1", None]
+    assert "cpu-omp-bind-auto" not in codes(p)  # the missing value is this error, not an unset binding
+
+
+def test_one_string_for_several_instances_binds_them_to_the_same_cpus(plan_one: Plan) -> None:
+    p = plan_one(**CPU4, vllm_instances=2, vllm_cpu_kvcache_space=1,
+                 vllm_cpu_omp_threads_bind="0|1")
+    assert p.ok
+    f = finding(p, "cpu-omp-bind-overlap")
+    assert f.severity is Severity.ADVICE and "ernie-vllm-0 and ernie-vllm-1" in f.message and "(0-1)" in f.message
+
+
+def test_several_ranks_without_a_binding_warn_about_numa_nodes(plan_one: Plan) -> None:
+    f = finding(plan_one(**CPU, vllm_cpu_kvcache_space=1), "cpu-omp-bind-auto")
+    assert f.severity is Severity.WARNING and f.instance == "ernie-vllm-0"
+    assert f.vllm_message == "Not enough allowed NUMA nodes to bind threads of 2 local CPUWorkers."
+    assert f.fix is not None and "'0|1'" in f.fix
+    assert "cpu-omp-bind-auto" not in codes(plan_one(**CPU, vllm_tensor_parallel_size=1, vllm_cpu_kvcache_space=1))
+
+
+@pytest.mark.parametrize("space", [0, -1])
+def test_kvcache_space_below_one_gib_is_an_error(plan_one: Plan, space: int) -> None:
+    p = plan_one(**CPU, vllm_cpu_kvcache_space=space, vllm_cpu_omp_threads_bind="0|1")
+    f = finding(p, "cpu-kvcache-space")
+    assert f.severity is Severity.ERROR and f"got {space}" in f.message
+    assert f.vllm_message == "No available memory for the cache blocks."
+    assert f.fix is not None and "vllm_cpu_kvcache_space" in f.fix
+    assert p.instances[0].memory is None
+
+
+@pytest.mark.parametrize(("var", "value", "words"), [
+    ("vllm_cpu_kvcache_space", 1.5, "vllm_cpu_kvcache_space must be int, got float 1.5"),
+    ("vllm_cpu_kvcache_space", "1", "vllm_cpu_kvcache_space must be int, got str '1'"),
+    ("vllm_cpu_omp_threads_bind", 5, "vllm_cpu_omp_threads_bind must be str or list of str, got int 5"),
+    ("vllm_cpu_omp_threads_bind", ["0", 1], "vllm_cpu_omp_threads_bind must be str or list of str"),
+])
+def test_cpu_variables_of_the_wrong_type_name_the_variable_and_fix(plan_one: Plan, var: str, value: object,
+                                                                    words: str) -> None:
+    f = finding(plan_one(**CPU, **{var: value}), "input")
+    assert words in f.message and f.fix is not None
+    assert ("whole GiB" if var == "vllm_cpu_kvcache_space" else "one per instance") in f.fix
+
+
+def test_cpu_variables_on_a_gpu_build_warn(plan_one: Plan) -> None:
+    f = finding(plan_one(**A10, gpu_count=1, vllm_cpu_kvcache_space=1), "cpu-settings-gpu-build")
+    assert f.severity is Severity.WARNING and "vLLM 0.34.0 is not a CPU build" in f.message
+    assert f.fix is not None and "0.32.0+cpu" in f.fix
+    assert "cpu-settings-gpu-build" not in codes(plan_one(**A10, gpu_count=1, vllm_cpu_kvcache_space=1,
+                                                           vllm_env={"VLLM_TARGET_DEVICE": "cpu"}))

@@ -175,6 +175,8 @@ def test_hostile_args_and_names_render_safely_or_fail_clearly(args: list[str], n
     ("vllm_env", {"BAD KEY": "x"}, "environment variable name"),
     ("vllm_env", {"CUDA_VISIBLE_DEVICES": "7"}, "must not set CUDA_VISIBLE_DEVICES"),
     ("vllm_env", {"VLLM_API_KEY": "x"}, "must not set VLLM_API_KEY"),
+    ("vllm_env", {"VLLM_CPU_KVCACHE_SPACE": "4"}, "must not set VLLM_CPU_KVCACHE_SPACE"),
+    ("vllm_env", {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}, "must not set VLLM_CPU_OMP_THREADS_BIND"),
     ("vllm_api_key", "ab'c", "quote or backslash"),
     ("hf_token", "a\nb", "control character"),
 ])
@@ -211,6 +213,7 @@ def test_render_files_have_modes_on_disk(tmp_path: Path) -> None:
     ("vllm_bin", "vllm", "vllm_bin must be an absolute path"),
     ("vllm_user", "root\nUser=x", "not a valid user name"),
     ("vllm_env", {"CUDA_VISIBLE_DEVICES": "7"}, "must not set CUDA_VISIBLE_DEVICES"),
+    ("vllm_env", {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}, "must not set VLLM_CPU_OMP_THREADS_BIND"),
     ("hf_token", "a\nb", "control character"),
 ])
 def test_plan_refuses_what_render_refuses(plan_one: Plan, var: str, value: object, message: str) -> None:
@@ -239,3 +242,29 @@ def test_secret_values_never_reach_a_message(plan_one: Plan, var: str, tmp_path:
         captured = capsys.readouterr()
         texts += [captured.out, captured.err]
     assert not [t for t in texts if "SECRET" in t or "hf_abc" in t]
+
+
+def test_cpu_backend_variables_become_environment_lines(plan_one: Plan) -> None:
+    """docs/variables.md#vllms-cpu-backend: beside vllm_env's lines; `|` makes systemd need quotes."""
+    p = plan_one(**A10, vllm_version="0.32.0+cpu", vllm_cpu_kvcache_space=1, vllm_cpu_omp_threads_bind="0|1",
+                 vllm_env={"HF_HUB_OFFLINE": "1"})
+    unit, _ = render_host(p, ENV)
+    env_lines = [line for line in unit.content.splitlines() if line.startswith("Environment")]
+    assert env_lines == ["Environment=CUDA_VISIBLE_DEVICES=0,1", "Environment=VLLM_NO_USAGE_STATS=1",
+                         "Environment=PYTHONUNBUFFERED=1", "Environment=VLLM_CPU_KVCACHE_SPACE=1",
+                         'Environment="VLLM_CPU_OMP_THREADS_BIND=0|1"', "Environment=HF_HUB_OFFLINE=1",
+                         "EnvironmentFile=/etc/ernie-deploy/ernie-vllm-0.env"]
+    assert unsystemd('"VLLM_CPU_OMP_THREADS_BIND=0|1"') == ["VLLM_CPU_OMP_THREADS_BIND=0|1"]
+    assert "ExecStart=/opt/vllm/0.32.0+cpu/bin/vllm serve " in unit.content
+    assert "--shutdown-timeout 30" in unit.content  # 0.32 has it (docs/vllm-facts.md#vllm-032-and-the-cpu-backend)
+
+
+def test_each_instance_gets_its_own_binding_and_unset_ones_render_nothing(plan_one: Plan) -> None:
+    p = plan_one(gpu_model="NVIDIA A10", gpu_count=4, vllm_tensor_parallel_size=2, vllm_instances=2,
+                 vllm_version="0.32.0+cpu", vllm_cpu_kvcache_space=2, vllm_cpu_omp_threads_bind=["0|1", "2|3"])
+    units = [f for f in render_host(p, ENV) if f.path.endswith(".service")]
+    assert ['Environment="VLLM_CPU_OMP_THREADS_BIND=0|1"' in u.content for u in units] == [True, False]
+    assert ['Environment="VLLM_CPU_OMP_THREADS_BIND=2|3"' in u.content for u in units] == [False, True]
+    assert all("Environment=VLLM_CPU_KVCACHE_SPACE=2" in u.content for u in units)
+    (plain, _) = render_host(plan_one(**A10), ENV)
+    assert "VLLM_CPU_" not in plain.content

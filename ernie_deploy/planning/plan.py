@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from ernie_deploy.errors import DeployError
 from ernie_deploy.planning.bulk import collector_paused
+from ernie_deploy.planning.cpubackend import cpu_findings, instance_binds
 from ernie_deploy.planning.findings import Finding, Severity
 from ernie_deploy.planning.hardware import Catalog, GpuType, load_catalog
 from ernie_deploy.planning.models import ModelSpec, bundled_model, load_model, spec_from_config
@@ -220,6 +221,7 @@ def _plan_host(host: HostLike, ctx: PlanContext, discovered: Discovered | None) 
     findings += check_sharing(instances, gpu, version)
     findings += _layout_findings(instances, gpu_count, bool(value("share_gpus")))
     env = dict(value("env", {}))
+    findings += cpu_findings(instances, value("cpu_kvcache_space"), value("cpu_omp_threads_bind"), version_text, env)
     secrets = host_secrets(host.vars, where)
     if "api_key" in settings:
         secrets["VLLM_API_KEY"] = settings["api_key"].value
@@ -250,6 +252,8 @@ def _instances(host: HostLike, ctx: PlanContext, model: ModelSpec, gpu: GpuType,
     port = int(value("port", 8000))
     profile = ctx.table.profiles[str(value("profile") or "dev")]
     args = tuple(profile.args) + tuple(value("extra_args", []))
+    kv_space = value("cpu_kvcache_space")
+    binds = instance_binds(value("cpu_omp_threads_bind"), count)
     out = []
     for k in range(count):
         first = (k * per) % gpu_count if share else k * per
@@ -260,7 +264,8 @@ def _instances(host: HostLike, ctx: PlanContext, model: ModelSpec, gpu: GpuType,
             gpus=tuple(dict.fromkeys(gpus)), served_model_name=f"{base_name}-{k}" if suffix and k else base_name,
             tensor_parallel_size=tp, pipeline_parallel_size=pp, max_model_len=mml,
             gpu_memory_utilization=util, args=args,
-            memory=memory_for(tp, pp, mml, util, model, gpu),
+            memory=memory_for(tp, pp, mml, util, model, gpu, kv_space),
+            cpu_kvcache_space=kv_space, cpu_omp_threads_bind=binds[k],
         ))
     return out
 

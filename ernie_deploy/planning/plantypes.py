@@ -42,6 +42,10 @@ class InstancePlan:
     gpu_memory_utilization: float
     args: tuple[str, ...]  # profile flags + extra_args, in that order
     memory: MemoryEstimate | None
+    # vLLM's CPU backend: VLLM_CPU_KVCACHE_SPACE (GiB per worker rank) and VLLM_CPU_OMP_THREADS_BIND of this
+    # instance; None leaves the variable unset.
+    cpu_kvcache_space: int | None = None
+    cpu_omp_threads_bind: str | None = None
 
     @property
     def name(self) -> str:
@@ -108,7 +112,13 @@ def instance_json(i: InstancePlan) -> dict[str, Any]:
         "max_model_len": i.max_model_len,
         "gpu_memory_utilization": i.gpu_memory_utilization,
         "args": list(i.args),
+        "cpu_kvcache_space_gib": i.cpu_kvcache_space,
+        "cpu_omp_threads_bind": i.cpu_omp_threads_bind,
         "memory": None if m is None else {
+            # Where the KV pool comes from: vLLM's CPU backend takes vllm_cpu_kvcache_space as given; on GPUs it
+            # is what gpu_memory_utilization leaves after weights and reserves.
+            "kv_pool_source": "gpu_memory_utilization" if m.cpu_kvcache_space is None else "vllm_cpu_kvcache_space",
+            "kv_block_size": m.block_size,
             "weights_per_gpu_bytes": m.weights_per_gpu,
             "activation_reserve_bytes": m.activation_bytes,
             "runtime_reserve_bytes": m.runtime_bytes,

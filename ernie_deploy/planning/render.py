@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from ernie_deploy.errors import DeployError, RenderError
 from ernie_deploy.planning.bulk import collector_paused
+from ernie_deploy.planning.cpubackend import BIND_ENV, KVCACHE_ENV
 from ernie_deploy.planning.findings import Finding, Severity
 from ernie_deploy.planning.plantypes import HostPlan, InstancePlan
 from ernie_deploy.planning.versions import parse_version, version_facts
@@ -38,6 +39,8 @@ _BIND_HOST = re.compile(r"[A-Za-z0-9.:-]+")
 # Environment variables ernie-deploy sets itself or keeps out of world-readable unit files.
 UNSAFE = "unsafe-value"  # the finding code of a value that cannot go into a unit or env file
 _RESERVED_ENV = {"CUDA_VISIBLE_DEVICES", "VLLM_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"}
+# vLLM's CPU backend variables have settings of their own, which planning checks against each instance.
+_CPU_ENV = {KVCACHE_ENV: "vllm_cpu_kvcache_space", BIND_ENV: "vllm_cpu_omp_threads_bind"}
 
 
 @dataclass(frozen=True)
@@ -142,12 +145,17 @@ def environment(plan: HostPlan, inst: InstancePlan) -> list[str]:
         if key in _RESERVED_ENV:
             raise RenderError(f"vllm_env must not set {key}", where=host,
                               hint="GPUs come from the plan; secrets go in vllm_api_key / hf_token")
+        if key in _CPU_ENV:
+            raise RenderError(f"vllm_env must not set {key}", where=host,
+                              hint=f"set {_CPU_ENV[key]} instead: the plan checks it against each instance")
+    cpu = {KVCACHE_ENV: inst.cpu_kvcache_space, BIND_ENV: inst.cpu_omp_threads_bind}
     pairs = {
         "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in inst.gpus),
         # Usage stats would otherwise be sent to stats.vllm.ai from every host.
         "VLLM_NO_USAGE_STATS": "1",
         # Unbuffered output so start-up lines reach the journal as they happen.
         "PYTHONUNBUFFERED": "1",
+        **{k: str(v) for k, v in cpu.items() if v is not None},
         **plan.env,
     }
     return [_env_assignment(k, str(v), host) for k, v in pairs.items()]

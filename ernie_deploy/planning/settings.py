@@ -42,6 +42,7 @@ class SettingType:
     kind: type | tuple[type, ...]
     secret: bool = False
     item: type | None = None  # element type of lists, value type of dicts
+    hint: str | None = None  # the fix for a value of the wrong type, where the type alone does not say it
 
 
 # The type of each setting; inventory variables are `vllm_` + name (secrets: see SECRET_VARS).
@@ -75,6 +76,14 @@ SETTING_TYPES: dict[str, SettingType] = {
     "pip_find_links": SettingType(str),
     "install_os_packages": SettingType(bool),
     "model_source": SettingType(str),
+    # vLLM's CPU backend (docs/variables.md#vllms-cpu-backend), rendered as VLLM_CPU_KVCACHE_SPACE and
+    # VLLM_CPU_OMP_THREADS_BIND. vLLM reads the first with int() (0.32.0 vllm/envs.py:887,
+    # vllm/platforms/cpu.py:326), so a fraction of a GiB would stop it at start-up.
+    "cpu_kvcache_space": SettingType(int, hint="give whole GiB per worker rank, e.g. 1: vLLM reads "
+                                               "VLLM_CPU_KVCACHE_SPACE as an integer"),
+    "cpu_omp_threads_bind": SettingType((str, list), item=str,
+                                        hint="give one string for every instance (auto, nobind or CPU lists "
+                                             "like 0-3|4-7), or a list of such strings, one per instance"),
 }
 # Secrets whose inventory name does not follow the vllm_ prefix.
 SECRET_VARS = {"hf_token": "hf_token"}
@@ -132,7 +141,8 @@ def check_type(name: str, value: Any, where: str) -> Any:
         if spec.item is not None:
             wanted += f" of {spec.item.__name__}"
         shown = "[REDACTED]" if spec.secret else repr(value)
-        raise InventoryError(f"vllm_{name} must be {wanted}, got {type(value).__name__} {shown}", where=where)
+        raise InventoryError(f"vllm_{name} must be {wanted}, got {type(value).__name__} {shown}", where=where,
+                             hint=spec.hint)
     return Secret(value) if spec.secret else value
 
 

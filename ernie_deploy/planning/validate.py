@@ -12,7 +12,7 @@ from functools import lru_cache
 
 from ernie_deploy.planning.findings import Finding, Severity
 from ernie_deploy.planning.hardware import GpuType
-from ernie_deploy.planning.memory import GIB, MemoryEstimate, estimate
+from ernie_deploy.planning.memory import GIB, MemoryEstimate, estimate, estimate_cpu
 from ernie_deploy.planning.models import ModelSpec
 from ernie_deploy.planning.plantypes import InstancePlan
 from ernie_deploy.planning.versions import Presence, Version, version_facts
@@ -132,6 +132,8 @@ def check_memory(inst: InstancePlan, model: ModelSpec, gpu: GpuType, version: Ve
     if not 0 < u <= 1:
         return [Finding(Severity.ERROR, "gpu-memory-utilization", f"gpu_memory_utilization must be in (0, 1], got {u}",
                         fix="set vllm_gpu_memory_utilization to e.g. 0.9", instance=inst.unit)]
+    if m.cpu_kvcache_space is not None:
+        return _check_cpu_memory(inst, m, model)
     if m.weights_per_gpu > m.gpu_total_bytes:
         # vLLM loads the weights before it profiles memory: weights larger than the GPU fail right there, with
         # PyTorch's allocator error, long before "No available memory for the cache blocks".
@@ -167,6 +169,45 @@ def check_memory(inst: InstancePlan, model: ModelSpec, gpu: GpuType, version: Ve
         f"KV cache: one {m.max_model_len}-token sequence needs {m.one_sequence_bytes / GIB:.2f} GiB per GPU of "
         f"{m.kv_pool_bytes / GIB:.2f} GiB available ({m.kv_tokens:,} tokens, maximum concurrency "
         f"{m.max_concurrency:.2f}x); the largest max_model_len that fits is {m.largest_fitting_len} ({limit})",
+        instance=inst.unit)]
+
+
+def _gib(size: int) -> str:
+    """A size as vLLM 0.32 prints it in KV messages (`format_gib`, 2 places: vllm/utils/mem_utils.py:30-31)."""
+    return f"{round(size / GIB, 2)}"
+
+
+def _check_cpu_memory(inst: InstancePlan, m: MemoryEstimate, model: ModelSpec) -> list[Finding]:
+    """The KV checks of an instance on vLLM's CPU backend, whose pool is vllm_cpu_kvcache_space GiB per worker rank
+    (memory.estimate_cpu); texts from vLLM 0.32.0 vllm/v1/core/kv_cache_utils.py:1003-1040."""
+    space = m.cpu_kvcache_space
+    # The smallest whole GiB that holds one full-length sequence plus the block vLLM holds back.
+    need_gib = -(-(m.one_sequence_bytes + m.held_back_bytes) // GIB)
+    if m.usable_bytes <= 0:
+        return [Finding(
+            Severity.ERROR, "kv-no-memory",
+            f"vllm_cpu_kvcache_space {space} GiB holds no KV cache block beyond the one vLLM keeps "
+            f"({m.held_back_bytes / GIB:.2f} GiB per block of {m.block_size} tokens)",
+            vllm_message="No available memory for the cache blocks.",
+            fix=f"set vllm_cpu_kvcache_space to {need_gib} or more", instance=inst.unit)]
+    if not m.fits:
+        return [Finding(
+            Severity.ERROR, "kv-too-small",
+            f"one {m.max_model_len}-token sequence needs {m.one_sequence_bytes / GIB:.2f} GiB of KV cache per worker "
+            f"rank; vllm_cpu_kvcache_space gives {space} GiB, {m.usable_bytes / GIB:.2f} GiB of it usable",
+            vllm_message=(f"To serve at least one request with the model's max seq len ({m.max_model_len}), "
+                          f"({_gib(m.one_sequence_bytes)} GiB KV cache is needed, which is larger than the available "
+                          f"KV cache memory ({_gib(m.usable_bytes)} GiB)."),
+            fix=(f"set vllm_max_model_len to {m.largest_fitting_len} or less (the largest that fits), or "
+                 f"vllm_cpu_kvcache_space to {need_gib}"),
+            instance=inst.unit)]
+    limit = "the model's own limit" if m.largest_fitting_len >= model.derived_max_len else "what the KV pool holds"
+    return [Finding(
+        Severity.INFO, "kv-headroom",
+        f"KV cache from vllm_cpu_kvcache_space ({space} GiB per worker rank, vLLM's CPU backend): one "
+        f"{m.max_model_len}-token sequence needs {m.one_sequence_bytes / GIB:.2f} GiB ({m.kv_tokens:,} tokens, "
+        f"maximum concurrency {m.max_concurrency:.2f}x); the largest max_model_len that fits is "
+        f"{m.largest_fitting_len} ({limit})",
         instance=inst.unit)]
 
 
@@ -284,14 +325,23 @@ def check_instance(inst: InstancePlan, model: ModelSpec, gpu: GpuType, gpu_count
     findings += check_versioned(inst, model, version, version_text)
     if not findings or all(f.severity is not Severity.ERROR for f in findings):
         findings += check_memory(inst, model, gpu, version, gpu_count)
-        findings += check_topology(inst, model, gpu, gpu_count)
+        if inst.cpu_kvcache_space is None:
+            # GPU layout advice; an instance on vLLM's CPU backend has no GPUs to waste.
+            findings += check_topology(inst, model, gpu, gpu_count)
     return findings
 
 
 @lru_cache(maxsize=1024)  # a fleet repeats a handful of layouts; the estimate is pure
 def memory_for(inst_tp: int, inst_pp: int, mml: int | None, util: float, model: ModelSpec,
-               gpu: GpuType) -> MemoryEstimate | None:
+               gpu: GpuType, cpu_kvcache_space: int | None = None) -> MemoryEstimate | None:
+    """The instance's KV estimate: from vllm_cpu_kvcache_space when it is set (vLLM's CPU backend then takes
+    that pool as given), else from the GPU memory model."""
     if inst_tp < 1 or inst_pp < 1 or not 0 < util <= 1:
         return None
+    if cpu_kvcache_space is not None:
+        if cpu_kvcache_space < 1:
+            return None  # an error of its own (cpubackend.check_kvcache_space); no pool to estimate
+        return estimate_cpu(model, kvcache_space_gib=cpu_kvcache_space, tp=inst_tp, pp=inst_pp,
+                            max_model_len=mml if mml and mml > 0 else model.derived_max_len)
     return estimate(model, gpu_name=gpu.name, gpu_total_bytes=gpu.memory_bytes, utilization=util, tp=inst_tp,
                     pp=inst_pp, max_model_len=mml if mml and mml > 0 else model.derived_max_len)

@@ -224,7 +224,10 @@ def parse_facts(text: str) -> HostFacts:
     vllm_text, vllm_rc = split_rc(s.get("vllm", "rc=127"))
     version = None
     if vllm_rc == 0:
-        found = re.search(r"(\d+\.\d+(?:\.\d+)*)", vllm_text)
+        # A PEP 440 version with its local label: the CPU build says 0.32.0+cpu, and the planner tells builds apart
+        # by that label (vLLM picks its CPU platform by the substring "cpu").
+        found = re.search(r"(\d+\.\d+(?:\.\d+)*(?:(?:a|b|rc)\d+)?(?:\.post\d+)?(?:\.dev\d+)?"
+                          r"(?:\+[0-9A-Za-z]+(?:\.[0-9A-Za-z]+)*)?)", vllm_text)
         version = found.group(1) if found else None
     systemd = re.match(r"systemd (\d+)", s.get("systemd", ""))
     return HostFacts(

@@ -155,7 +155,9 @@ def complete(backend: str, model: str, stream: bool, max_tokens: int, api_key: s
         conn.request("POST", "/v1/completions", json.dumps(body), headers)
         resp = conn.getresponse()
         data = resp.read().decode(errors="replace")
-    except OSError as exc:
+    except (OSError, http.client.HTTPException) as exc:
+        # A chunked stream cut by a dying server ends in IncompleteRead: lost, and counted (an uncaught one would
+        # end the worker thread without recording the request).
         return False, f"{type(exc).__name__}: {exc}"
     finally:
         conn.close()
