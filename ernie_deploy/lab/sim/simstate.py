@@ -262,9 +262,12 @@ def real_entries() -> list[UsageEntry]:
         return []
     by_index = {str(g.index): g for g in host.gpus}
     by_uuid = {g.uuid: g for g in host.gpus}
-    # Inside a lab host /proc shows only that host's processes; tests on the controller, which share /proc
-    # with everything else running there, name the session their stand-in process tree runs in.
+    # Inside a lab host (ERNIE_LAB_ROOT unset or /) /proc shows only that host's processes. Run elsewhere against a
+    # directory of its own (the tests, on the controller), the simulator shares /proc with everything else there,
+    # a real-vLLM lab's workers included: it looks only when told which session to look in.
     session = os.environ.get("ERNIE_LAB_PROC_SESSION")
+    if session is None and lab_root() != Path("/"):
+        return []
     groups: dict[int, UsageEntry] = {}
     for entry in sorted(Path("/proc").iterdir(), key=lambda p: p.name):
         if not entry.name.isdigit():

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import argparse
 import re
-from typing import Any
+import sys
+from collections.abc import Callable
+from typing import Any, NoReturn
 
+from .vllm_flags import FLAGS_032
 from .vllm_versions import Profile
 
 _DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
@@ -39,7 +42,49 @@ def max_model_len_auto(value: str) -> int:
     return -1 if value.strip().lower() == "auto" else human_readable_int(value)
 
 
+# 0.32's top-level `vllm` parser reports an unknown serve flag (captured start-unknown-flag.log).
+TOP_USAGE_032 = (
+    "usage: vllm [-h] [-v]\n"
+    "            {chat,complete,serve,launch,bench,collect-env,download-kernels,preload,run-batch,snapshot}\n"
+    "            ...\n"
+)
+# Types of the flags the simulator reads; every other flag keeps its text.
+_TYPES: dict[str, Callable[[str], Any]] = {
+    "port": int, "seed": int, "max_logprobs": int, "pipeline_parallel_size": int, "tensor_parallel_size": int,
+    "data_parallel_size": int, "block_size": int, "gpu_memory_utilization": float, "max_num_batched_tokens": int,
+    "max_num_seqs": int, "shutdown_timeout": int, "max_model_len": max_model_len_auto,
+}
+
+
+def _all_flags_parser() -> argparse.ArgumentParser:
+    """Every real flag of the version (vllm_flags.py), the ones the simulator reads typed."""
+    p = argparse.ArgumentParser(prog="vllm serve", usage="vllm serve [model_tag] [options]")
+    for flag in FLAGS_032:
+        default = list(flag.default) if isinstance(flag.default, tuple) else flag.default
+        kw: dict[str, Any] = {"dest": flag.dest, "default": default}
+        if flag.kind == "flag":
+            kw["action"] = "store_true"
+        elif flag.kind == "bool":
+            kw["action"] = argparse.BooleanOptionalAction
+        elif flag.kind == "append":
+            kw["action"] = "append"
+        else:
+            kw["type"] = _TYPES.get(flag.dest, str)
+            if flag.kind != "value":
+                kw["nargs"] = flag.kind
+            if flag.choices:
+                kw["choices"] = flag.choices
+        if flag.options:
+            p.add_argument(*flag.options, **kw)
+        else:
+            kw.pop("dest")
+            p.add_argument(flag.dest, **kw)
+    return p
+
+
 def build_parser(profile: Profile) -> argparse.ArgumentParser:
+    if profile.all_flags:
+        return _all_flags_parser()
     p = argparse.ArgumentParser(prog="vllm serve", usage="vllm serve [model_tag] [options]")
     p.add_argument("model_tag", nargs="?", default=None)
     # Frontend (entrypoints/openai/cli_args.py).
@@ -66,6 +111,8 @@ def build_parser(profile: Profile) -> argparse.ArgumentParser:
     p.add_argument("--generation-config", default="auto")
     p.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=False)
     p.add_argument("--served-model-name", nargs="+", default=None)
+    # LoadConfig, after ModelConfig; `dummy` (random weights) and the other formats are not checked here.
+    p.add_argument("--load-format", default="auto")
     p.add_argument("--distributed-executor-backend", default=None, choices=["ray", "mp", "uni", "external_launcher"])
     p.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
@@ -94,7 +141,12 @@ def parse_serve_args(argv: list[str], profile: Profile) -> tuple[argparse.Namesp
     Returns the namespace and the non-default args dict that vLLM logs.
     """
     parser = build_parser(profile)
-    args = parser.parse_args(argv)
+    if profile.all_flags:
+        args, unknown = parser.parse_known_args(_dashes(argv))
+        if unknown:
+            _top_level_error(f"unrecognized arguments: {' '.join(unknown)}")
+    else:
+        args = parser.parse_args(argv)
     # The positional model_tag overrides --model (0.11.0 entrypoints/cli/serve.py:46-48); vLLM logs
     # both keys, each in its own place in the dict.
     if args.model_tag is not None:
@@ -103,3 +155,19 @@ def parse_serve_args(argv: list[str], profile: Profile) -> tuple[argparse.Namesp
     defaults = {action.dest: action.default for action in parser._actions}
     non_default = {key: value for key, value in vars(args).items() if value != defaults.get(key)}
     return args, non_default
+
+
+def _dashes(argv: list[str]) -> list[str]:
+    """FlexibleArgumentParser takes `--max_model_len` for `--max-model-len` (utils/argparse_utils.py)."""
+    out = []
+    for arg in argv:
+        if arg.startswith("--"):
+            name, eq, value = arg.partition("=")
+            arg = name.replace("_", "-") + eq + value
+        out.append(arg)
+    return out
+
+
+def _top_level_error(message: str) -> NoReturn:
+    sys.stderr.write(f"{TOP_USAGE_032}vllm: error: {message}\n")
+    sys.exit(2)

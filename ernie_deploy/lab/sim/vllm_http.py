@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import select
+import socket
 import sys
 import threading
 import time
@@ -19,6 +21,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, NoReturn
 
+from .vllm_metrics import MetricsStore, render
 from .vllm_versions import Profile
 
 # Routes as vLLM logs them at start-up ("Route: %s, Methods: %s"), in its order.
@@ -112,6 +115,11 @@ class ServerState:
     created: int = field(default_factory=lambda: int(time.time()))
     # Called (with chat=True/False) when the dead engine ends a stream; the server logs vLLM's line for it.
     on_stream_error: Callable[[bool], None] | None = None
+    # Called after a request was refused because the engine is shutting down (0.32: uvicorn's ASGI traceback).
+    on_drain_reject: Callable[[], None] | None = None
+    token_seconds: float | None = None  # faults.json `token_seconds`: time per generated token
+    draining: bool = False  # the engine is stopping (0.32): new generation requests fail with 500
+    stalled: bool = False  # the engine went and its requests were never finished (0.32's race, `shutdown_stall`)
     lock: threading.Lock = field(default_factory=threading.Lock)
     inflight: int = 0
     running: int = 0
@@ -123,6 +131,9 @@ class ServerState:
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
     e2e: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS))
     engine_dead: bool = False
+    fingerprint: str | None = None  # system_fingerprint of 0.32's completions ("vllm-0.32.0-8f107172", captured)
+    store: MetricsStore = field(default_factory=MetricsStore)  # the 0.32 /metrics (vllm_metrics.py)
+    cache_info: dict[str, str] = field(default_factory=dict)  # vllm:cache_config_info's labels (0.32)
     dead: threading.Event = field(default_factory=threading.Event)  # set with engine_dead; wakes generators
     seq_slots: threading.Semaphore = field(init=False)
     idle: threading.Condition = field(init=False)
@@ -134,6 +145,11 @@ class ServerState:
     def mark_dead(self) -> None:
         """The engine is gone: /health turns 503 and every request in flight ends at its next token."""
         self.engine_dead = True
+        self.dead.set()
+
+    def mark_stalled(self) -> None:
+        """The engine is gone but nothing tells its requests: they wait for their clients to give up."""
+        self.stalled = True
         self.dead.set()
 
     def wait_dead(self, seconds: float) -> bool:
@@ -150,8 +166,10 @@ class Generation:
     per_token: float
 
 
-def plan_generation(prompt_text: str, prompt_tokens: int, max_tokens: int | None, ignore_eos: bool) -> Generation:
-    """Deterministic output: the prompt's hash picks words, a natural length, and the timings."""
+def plan_generation(prompt_text: str, prompt_tokens: int, max_tokens: int | None, ignore_eos: bool,
+                    token_seconds: float | None = None) -> Generation:
+    """Deterministic output: the prompt's hash picks words, a natural length, and the timings (`token_seconds`,
+    the faults.json knob, sets the time per token)."""
     seed = _seed(prompt_text)
     natural = 24 + seed % 40
     limit = max_tokens if max_tokens is not None else natural
@@ -160,7 +178,7 @@ def plan_generation(prompt_text: str, prompt_tokens: int, max_tokens: int | None
     tokens = [(" " if i else "") + w for i, w in enumerate(words)]
     finish = "length" if count == limit and (ignore_eos or limit <= natural) else "stop"
     ttft = 0.02 + (seed >> 8) % 61 / 1000
-    per_token = 0.005 + (seed >> 16) % 6 / 1000
+    per_token = token_seconds if token_seconds is not None else 0.005 + (seed >> 16) % 6 / 1000
     return Generation(prompt_tokens, tokens, finish, ttft, per_token)
 
 
@@ -213,6 +231,13 @@ def check_length(state: ServerState, prompt_tokens: int, max_tokens: int | None)
 
 
 def metrics_text(state: ServerState) -> str:
+    if state.profile.forms_032:
+        with state.lock:
+            usage = min(1.0, state.running_tokens / state.kv_tokens) if state.kv_tokens else 0.0
+            gauges = {"vllm:num_requests_running": state.running, "vllm:num_requests_waiting": state.waiting,
+                      "vllm:num_requests_waiting_by_reason/capacity": state.waiting, "vllm:kv_cache_usage_perc": usage,
+                      "vllm:engine_sleep_state/awake": 1.0}
+            return render(state.store, gauges, state.served_name, state.cache_info)
     labels = f'model_name="{state.served_name}",engine="0"'
     with state.lock:
         usage = min(1.0, state.running_tokens / state.kv_tokens) if state.kv_tokens else 0.0
@@ -248,6 +273,8 @@ class Handler(BaseHTTPRequestHandler):
     server_version = "uvicorn"
     sys_version = ""
     state: ServerState  # set on the subclass made by make_handler
+    _status = 0  # status of the answer being sent (for the 0.32 HTTP metrics)
+    _sent = 0  # its content-length (0 for a stream, as the instrumentator counts it)
 
     # -- plumbing --------------------------------------------------------------------------------
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
@@ -266,11 +293,16 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("content-type", content_type)
         self.send_header("content-length", str(len(body)))
         self.end_headers()
+        self._sent += len(body)  # what the instrumentator reads: the content-length header
         if self.command != "HEAD":
             self.wfile.write(body)
 
     def _json(self, status: int, obj: Any) -> None:
-        self._send(status, json.dumps(obj).encode())
+        self._send(status, self._dumps(obj).encode())
+
+    def _dumps(self, obj: Any) -> str:
+        """FastAPI's responses carry no spaces (0.32 captures); older profiles keep json.dumps' default."""
+        return json.dumps(obj, separators=(",", ":")) if self.state.profile.compact_json else json.dumps(obj)
 
     def _body(self) -> dict[str, Any]:
         length = int(self.headers.get("content-length", 0) or 0)
@@ -300,10 +332,15 @@ class Handler(BaseHTTPRequestHandler):
     def do_HEAD(self) -> None:
         self._dispatch("HEAD")
 
+    def send_response(self, code: int, message: str | None = None) -> None:
+        self._status = code
+        super().send_response(code, message)
+
     def _dispatch(self, method: str) -> None:
         state = self.state
         with state.lock:
             state.inflight += 1
+        started, self._status, self._sent = time.monotonic(), 0, 0
         try:
             self._route(method)
         except ApiError as err:
@@ -316,6 +353,10 @@ class Handler(BaseHTTPRequestHandler):
             with state.lock:
                 state.inflight -= 1
                 state.idle.notify_all()
+            if state.profile.forms_032 and self._status:
+                received = int(self.headers.get("content-length", 0) or 0)
+                state.store.http_done(self.path.split("?", 1)[0], method, self._status, (received, self._sent),
+                                      time.monotonic() - started)
 
     def _route(self, method: str) -> None:
         path = self.path.split("?", 1)[0]
@@ -358,7 +399,7 @@ class Handler(BaseHTTPRequestHandler):
             "max_model_len": s.max_model_len,
             "permission": [
                 {
-                    "id": f"modelperm-{uuid.uuid4().hex}",
+                    "id": f"modelperm-{uuid.uuid4().hex[:16] if s.profile.forms_032 else uuid.uuid4().hex}",
                     "object": "model_permission",
                     "created": s.created,
                     "allow_create_engine": False,
@@ -384,15 +425,42 @@ class Handler(BaseHTTPRequestHandler):
         0.11: runtime_exception_handler's `Response(status_code=500)`, no body (0.11.0 entrypoints/launcher.py:156-167).
         """
         profile = self.state.profile
-        if profile.engine_dead_client_message:
-            self._json(500, error_body(profile, ApiError(500, ENGINE_DEAD_CLIENT_MESSAGE, "InternalServerError")))
+        if self.state.stalled:
+            self._stall()
+        if profile.engine_dead_client_message or profile.engine_dead_text_500:
+            message = ENGINE_DEAD_MESSAGE if profile.engine_dead_text_500 else ENGINE_DEAD_CLIENT_MESSAGE
+            self._json(500, error_body(profile, ApiError(500, message, "InternalServerError")))
             return
         self.send_response(500)
         self.send_header("content-length", "0")
         self.end_headers()
 
+    def _stall(self) -> NoReturn:
+        """The request's engine is gone and nothing ends it: send nothing until the client closes the connection."""
+        while True:
+            readable, _, _ = select.select([self.connection], [], [], 0.2)
+            if readable:
+                try:
+                    if not self.connection.recv(1, socket.MSG_PEEK):
+                        raise EngineDied
+                except OSError as err:
+                    raise EngineDied from err
+                time.sleep(0.2)  # the client sent more (pipelining): it is still there
+
+    def _drain_reject(self) -> None:
+        """0.32: once AsyncLLM.shutdown has shut the renderer's executor, tokenizing a new prompt raises
+        RuntimeError, which the ASGI app answers 500 with its text (captured drain-new-request.json)."""
+        self._body()
+        err = ApiError(500, "cannot schedule new futures after shutdown", "InternalServerError")
+        self._json(500, error_body(self.state.profile, err))
+        if self.state.on_drain_reject is not None:
+            self.state.on_drain_reject()
+
     def _generate(self, chat: bool) -> None:
         state = self.state
+        if state.draining and not state.engine_dead:
+            self._drain_reject()
+            return
         if state.engine_dead:
             # 0.34 _preflight / 0.11 create_completion: `if engine_client.errored: raise dead_error`.
             self._engine_dead_reply()
@@ -410,8 +478,10 @@ class Handler(BaseHTTPRequestHandler):
             prompt_tokens = count_tokens(prompt_text)
             max_tokens = body.get("max_tokens", 16)
         check_length(state, prompt_tokens, max_tokens)
-        gen = plan_generation(prompt_text, prompt_tokens, max_tokens, bool(body.get("ignore_eos")))
-        request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        gen = plan_generation(prompt_text, prompt_tokens, max_tokens, bool(body.get("ignore_eos")), state.token_seconds)
+        # 0.32 ids carry 16 hex digits (captured); the older profiles a whole uuid.
+        hex_id = uuid.uuid4().hex[:16] if state.profile.forms_032 else uuid.uuid4().hex
+        request_id = ("chatcmpl-" if chat else "cmpl-") + hex_id
         with _scheduled(state, gen) as started:
             if body.get("stream"):
                 include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -442,6 +512,14 @@ class Handler(BaseHTTPRequestHandler):
             obj = {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
                    "choices": [choice], "service_tier": None, "system_fingerprint": None, "usage": usage,
                    "prompt_logprobs": None, "kv_transfer_params": None}
+        elif self.state.profile.forms_032:  # captured http/completion.json
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": gen.finish_reason,
+                      "stop_reason": None, "token_ids": None, "prompt_logprobs": None, "prompt_token_ids": None,
+                      "routed_experts": None}
+            obj = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
+                   "choices": [choice], "service_tier": None, "system_fingerprint": self.state.fingerprint,
+                   "usage": {**usage, "completion_tokens_details": None}, "kv_transfer_params": None,
+                   "ec_transfer_params": None, "metrics": None}
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": gen.finish_reason,
                       "stop_reason": None, "prompt_logprobs": None}
@@ -462,7 +540,7 @@ class Handler(BaseHTTPRequestHandler):
             obj: dict[str, Any] = {"id": rid, "object": kind, "created": created, "model": model,
                                    "choices": [choice] if choice else []}
             obj.update(extra or {})
-            self._chunk(f"data: {json.dumps(obj)}\n\n".encode())
+            self._chunk(f"data: {self._dumps(obj)}\n\n".encode())
 
         if chat:
             event({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None})
@@ -477,6 +555,10 @@ class Handler(BaseHTTPRequestHandler):
             if chat:
                 event({"index": 0, "delta": {"content": token}, "logprobs": None, "finish_reason": finish,
                        **({"stop_reason": None} if last else {})})
+            elif self.state.profile.forms_032:  # captured http/stream-complete.txt
+                event({"index": 0, "text": token, "logprobs": None, "finish_reason": finish, "stop_reason": None,
+                       "prompt_token_ids": None, "token_ids": None},
+                      {"system_fingerprint": self.state.fingerprint} if last else None)
             else:
                 event({"index": 0, "text": token, "logprobs": None, "finish_reason": finish,
                        "stop_reason": None})
@@ -492,9 +574,13 @@ class Handler(BaseHTTPRequestHandler):
         chat_completion/serving.py:504-508 and 962-964; 0.11.0 serving_completion.py:490-494,
         serving_chat.py:1143-1149)."""
         state = self.state
+        if state.stalled:
+            self._stall()
         if state.on_stream_error is not None:
             state.on_stream_error(chat)
-        if state.profile.engine_dead_client_message:
+        if state.profile.engine_dead_text_500:  # str(exc) as a 500, with json.dumps' spaces (captured)
+            err = ApiError(500, ENGINE_DEAD_MESSAGE, "InternalServerError")
+        elif state.profile.engine_dead_client_message:
             err = ApiError(500, ENGINE_DEAD_CLIENT_MESSAGE, "InternalServerError")
         else:  # create_streaming_error_response(str(e)) with its defaults
             err = ApiError(400, ENGINE_DEAD_MESSAGE, "BadRequestError")
@@ -517,11 +603,13 @@ def _usage(gen: Generation) -> dict[str, Any]:
 def _first_token(state: ServerState, started: float) -> None:
     with state.lock:
         state.ttft.observe(time.monotonic() - started)
+        state.store.observe("vllm:time_to_first_token_seconds", time.monotonic() - started)
 
 
 def _count_output(state: ServerState, gen: Generation) -> None:
     with state.lock:
         state.generation_tokens += len(gen.tokens)
+        state.store.inc("vllm:generation_tokens", len(gen.tokens))
 
 
 class _scheduled:
@@ -545,6 +633,16 @@ class _scheduled:
             s.running_tokens += self.tokens
             s.prompt_tokens += self.gen.prompt_tokens
             running = s.running
+            prompt, store = float(self.gen.prompt_tokens), s.store
+            for name in ("vllm:prompt_tokens", "vllm:prefix_cache_queries"):
+                store.inc(name, prompt)
+            store.inc("vllm:prompt_tokens_by_source", prompt, ("local_compute",))
+            store.observe("vllm:request_queue_time_seconds", time.monotonic() - self.started)
+            store.observe("vllm:request_prompt_tokens", prompt)
+            store.observe("vllm:request_prefill_kv_computed_tokens", prompt)
+            store.observe("vllm:request_params_n", 1.0)
+            store.observe("vllm:request_params_max_tokens", float(len(self.gen.tokens)))
+            store.observe("vllm:request_max_num_generation_tokens", float(len(self.gen.tokens)))
         s.on_load_change(running)
         return self.started
 
@@ -555,8 +653,19 @@ class _scheduled:
             s.running -= 1
             s.running_tokens -= self.tokens
             s.success[reason] = s.success.get(reason, 0) + 1
-            s.e2e.observe(time.monotonic() - self.started)
+            elapsed = time.monotonic() - self.started
+            s.e2e.observe(elapsed)
             running = s.running
+            store = s.store
+            store.inc("vllm:request_success", 1.0, (reason,))
+            for name in ("vllm:e2e_request_latency_seconds", "vllm:request_inference_time_seconds"):
+                store.observe(name, elapsed)
+            store.observe("vllm:request_prefill_time_seconds", self.gen.ttft)
+            store.observe("vllm:request_decode_time_seconds", max(0.0, elapsed - self.gen.ttft))
+            store.observe("vllm:request_generation_tokens", float(len(self.gen.tokens)))
+            if len(self.gen.tokens) > 1:
+                for name in ("vllm:inter_token_latency_seconds", "vllm:request_time_per_output_token_seconds"):
+                    store.observe(name, self.gen.per_token)
         s.seq_slots.release()
         s.on_load_change(running)
 

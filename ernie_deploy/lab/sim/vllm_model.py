@@ -261,10 +261,10 @@ def plan_memory(model: ModelInfo, total_bytes: int, s: EngineSettings, profile: 
 # Error texts, verbatim from docs/vllm-facts.md#start-up-errors where it quotes them.
 
 
-def heads_error(model: ModelInfo, tp: int) -> StartupError:
+def heads_error(model: ModelInfo, tp: int, profile: Profile) -> StartupError:
     return StartupError(
         "api",
-        "ValueError",
+        "pydantic:VllmConfig" if profile.heads_in_vllm_config else "ValueError",
         f"Total number of attention heads ({model.heads}) must be divisible by tensor parallel size ({tp}).",
     )
 
@@ -324,10 +324,10 @@ def arch_error(model: ModelInfo, supported: list[str]) -> StartupError:
     return StartupError("api", "pydantic:ModelConfig", text)
 
 
-def expert_parallel_error() -> StartupError:
+def expert_parallel_error(profile: Profile) -> StartupError:
     return StartupError(
         "api",
-        "ValueError",
+        "pydantic:VllmConfig" if profile.heads_in_vllm_config else "ValueError",
         "Number of experts in the model must be greater than 0 when expert parallelism is enabled.",
     )
 
@@ -342,6 +342,11 @@ def _gib_round(value: float) -> float:
     return round(value / GIB, 2)
 
 
+def format_gib(value: float) -> str:
+    """vLLM's vllm/utils/mem_utils.py format_gib: `f"{round(b / GiB_bytes, 2)}"` (19.2, not 19.20)."""
+    return f"{round(value / GIB, 2)}"
+
+
 def free_memory_error(free: int, total: int, util: float, device: int, profile: Profile) -> StartupError:
     where = f"device cuda:{device}" if profile.free_mem_device_name else "device"
     text = (
@@ -352,13 +357,15 @@ def free_memory_error(free: int, total: int, util: float, device: int, profile: 
     return StartupError("worker", "ValueError", text)
 
 
-def no_kv_memory_error() -> StartupError:
-    return StartupError(
-        "engine",
-        "ValueError",
-        "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
-        "initializing the engine.",
-    )
+def no_kv_memory_error(profile: Profile) -> StartupError:
+    text = ("No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the "
+            "engine")
+    if profile.kv_hint_backend_note:  # 0.32.0 v1/core/kv_cache_utils.py:1009-1016
+        text += (" (this flag also controls CPU memory reservation on the CPU backend, despite its name). See "
+                 "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.")
+    else:
+        text += "."
+    return StartupError("engine", "ValueError", text)
 
 
 def kv_too_small_error(plan: MemoryPlan, max_model_len: int, util: float, profile: Profile) -> StartupError:
@@ -368,7 +375,16 @@ def kv_too_small_error(plan: MemoryPlan, max_model_len: int, util: float, profil
     estimated_msg = (
         f"Based on the available memory, the estimated maximum model length is {estimated}." if estimated > 0 else ""
     )
-    if profile.kv_typo_models:
+    if profile.kv_hint_backend_note:  # 0.32.0 v1/core/kv_cache_utils.py:1029-1039, format_gib amounts (captured)
+        text = (
+            f"To serve at least one request with the model's max seq len ({max_model_len}), "
+            f"({format_gib(plan.needed_for_max_len)} GiB KV cache is needed, which is larger than the available KV "
+            f"cache memory ({format_gib(plan.available_kv)} GiB). {estimated_msg + ' ' if estimated_msg else ''}"
+            "Try increasing `gpu_memory_utilization` (which also controls CPU memory on the CPU backend) or "
+            "decreasing `max_model_len` when initializing the engine. See "
+            "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
+        )
+    elif profile.kv_typo_models:
         text = (
             f"To serve at least one request with the models's max seq len ({max_model_len}), ({needed:.2f} GiB "
             f"KV cache is needed, which is larger than the available KV cache memory ({available:.2f} GiB). "

