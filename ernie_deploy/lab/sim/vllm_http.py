@@ -21,7 +21,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, NoReturn
 
-from .vllm_metrics import MetricsStore, render
+from .vllm_metrics import Histogram, MetricsStore, render
 from .vllm_versions import Profile
 
 # Routes as vLLM logs them at start-up ("Route: %s, Methods: %s"), in its order.
@@ -72,30 +72,16 @@ def _seed(text: str) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
 
 
-@dataclass
-class Histogram:
-    buckets: tuple[float, ...]
-    counts: list[int] = field(default_factory=list)
-    total: float = 0.0
-    n: int = 0
-
-    def observe(self, value: float) -> None:
-        if not self.counts:
-            self.counts = [0] * len(self.buckets)
-        for i, bound in enumerate(self.buckets):
-            if value <= bound:
-                self.counts[i] += 1
-        self.total += value
-        self.n += 1
-
-    def lines(self, name: str, labels: str) -> list[str]:
-        counts = self.counts or [0] * len(self.buckets)
-        pairs = zip(self.buckets, counts, strict=True)
-        out = [f'{name}_bucket{{{labels},le="{bound}"}} {float(c)}' for bound, c in pairs]
-        out.append(f'{name}_bucket{{{labels},le="+Inf"}} {float(self.n)}')
-        out.append(f"{name}_count{{{labels}}} {float(self.n)}")
-        out.append(f"{name}_sum{{{labels}}} {self.total}")
-        return out
+def histogram_lines(hist: Histogram, name: str, labels: str) -> list[str]:
+    """A histogram in the text form the profiles before 0.32 were written from (Python's float repr for `le`;
+    the 0.32 form, Go's, is vllm_metrics.Histogram.lines)."""
+    counts = hist.counts or [0] * len(hist.buckets)
+    pairs = zip(hist.buckets, counts, strict=True)
+    out = [f'{name}_bucket{{{labels},le="{bound}"}} {float(c)}' for bound, c in pairs]
+    out.append(f'{name}_bucket{{{labels},le="+Inf"}} {float(hist.n)}')
+    out.append(f"{name}_count{{{labels}}} {float(hist.n)}")
+    out.append(f"{name}_sum{{{labels}}} {hist.total}")
+    return out
 
 
 @dataclass
@@ -264,7 +250,7 @@ def metrics_text(state: ServerState) -> str:
             ("vllm:e2e_request_latency_seconds", state.e2e, "Histogram of e2e request latency in seconds."),
         ):
             lines.extend([f"# HELP {name} {help_text}", f"# TYPE {name} histogram"])
-            lines.extend(hist.lines(name, labels))
+            lines.extend(histogram_lines(hist, name, labels))
     return "\n".join(lines) + "\n"
 
 
