@@ -33,9 +33,10 @@ def write_known_hosts(path: Path, host_keys: dict[str, str]) -> None:
 
 
 LAB_STABLE_SECONDS = 2
-# Real vLLM (the CPU build) starts in 33-52 s on a quiet 2-core machine and in up to ~2 min beside another
-# starting instance (docs/lab.md, measured), so its budget is minutes, and its stability window the default.
-REAL_STARTUP_BUDGET = 300
+# Real vLLM (the CPU build) starts in 27-74 s on a 2-core machine, 110-170 s at TP 2 beside another start or a
+# load, and took over 300 s at TP 2 with a test suite running beside it (docs/lab.md, measured): the budget is
+# the tool's default ceiling, not the expected time.
+REAL_STARTUP_BUDGET = 600
 REAL_STABLE_SECONDS = 5
 # What real vLLM needs to serve the lab's model directory: random weights (there are none; `dummy` is vLLM's
 # own load format) and no torch.compile (217 s on 2 cores, no faster here: docs/lab.md).

@@ -45,6 +45,9 @@ class LoadBalancer:
     api_key: str | None = None  # sent as a bearer token when the instances require one (vllm_api_key)
     stream_tokens: int = 120  # per streamed request; real vLLM on 2 CPU cores makes ~10 tokens/s
     tokens: int = 24  # per non-streamed request
+    # Seconds a request may take before it counts as lost. Real vLLM on 2 cores serving alone while the other
+    # instance loads answered an 8-token request in over 30 s (measured): slow, not lost.
+    request_timeout: float = 30.0
     outcomes: list[Outcome] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -95,7 +98,7 @@ class LoadBalancer:
             stream = (n + k) % 2 == 0
             t0 = time.time()  # wall clock: compared with the rotation's events, written by the hook processes
             ok, detail = complete(backend, self.model, stream, self.stream_tokens if stream else self.tokens,
-                                  self.api_key)
+                                  self.api_key, self.request_timeout)
             with self._lock:
                 self.outcomes.append(Outcome(backend, stream, ok, detail, t0, time.time()))
 
@@ -139,15 +142,15 @@ class Sampler:
         return max((len({d.split(" ")[0] for d in down}) for _, down in self.samples), default=0)
 
 
-def complete(backend: str, model: str, stream: bool, max_tokens: int, api_key: str | None = None
-             ) -> tuple[bool, str]:
+def complete(backend: str, model: str, stream: bool, max_tokens: int, api_key: str | None = None,
+             timeout: float = 30.0) -> tuple[bool, str]:
     """One completion: (whether it ended properly, a detail). A stream ended properly when a choice got its
     finish_reason, no error event came and the last event is [DONE] (vLLM sends an error event and [DONE]
     when the engine dies mid-stream)."""
     host, port = backend.rsplit(":", 1)
     body = {"model": model, "prompt": "Tell me about the sea", "max_tokens": max_tokens, "temperature": 0,
             "stream": stream, "ignore_eos": True}
-    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
     try:
         headers = {"content-type": "application/json"}
         if api_key:
