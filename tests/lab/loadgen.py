@@ -48,6 +48,9 @@ class LoadBalancer:
     # Seconds a request may take before it counts as lost. Real vLLM on 2 cores serving alone while the other
     # instance loads answered an 8-token request in over 30 s (measured): slow, not lost.
     request_timeout: float = 30.0
+    # Seconds each worker waits between its requests. Real vLLM on 2 cores: a saturating load on the instance that
+    # serves starves the restarting TP-2 instance's rank on the same CPU, and its start took 7.8 min (measured).
+    pause: float = 0.0
     outcomes: list[Outcome] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -101,6 +104,8 @@ class LoadBalancer:
                                   self.api_key, self.request_timeout)
             with self._lock:
                 self.outcomes.append(Outcome(backend, stream, ok, detail, t0, time.time()))
+            if self.pause:
+                self.stop.wait(self.pause)
 
 @dataclass
 class Sampler:

@@ -79,12 +79,12 @@ def fleet(lab: Lab, lab_state: LabState, tmp_path_factory: pytest.TempPathFactor
 LEAK = "/usr/local/bin/leak-gpu.py"
 LEAK_PROGRAM = """import os, sys
 sys.path.insert(0, "/opt/ernie-lab/lib")
-from ernie_lab_sim import simstate, vllm_sim
+from ernie_lab_sim import simstate, vllm_procs
 gpu = simstate.load_host_gpus().gpus[0]
 key = "orphan-%d" % os.getpid()
 proc = simstate.GpuProc(os.getpid(), gpu.uuid, 20000, 0, "VLLM::EngineCore")
 simstate.write_entry(simstate.UsageEntry(key, 0, [proc]))
-vllm_sim._holder_main("EngineCore", 0, key)
+vllm_procs._holder_main("EngineCore", 0, key)
 """
 
 
