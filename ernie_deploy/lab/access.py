@@ -46,16 +46,17 @@ REAL_KVCACHE_GIB = 1
 
 
 def cpu_binds(hosts: Sequence[HostSpec], cpus: int) -> dict[str, str]:
-    """VLLM_CPU_OMP_THREADS_BIND per real-vLLM host: one CPU per tensor-parallel rank (the lab's hosts have one
-    instance, its TP the GPU count), ranks on different CPUs, hosts taking the next CPUs in turn. vLLM's default
-    `auto` fails at TP 2 on a one-NUMA-node machine ("Not enough allowed NUMA nodes")."""
+    """VLLM_CPU_OMP_THREADS_BIND per real-vLLM host (the lab's hosts have one instance, its TP the GPU count):
+    each host gets CPUs of its own where there are enough, and its ranks share those rather than another host's.
+    vLLM's default `auto` fails at TP 2 on a one-NUMA-node machine ("Not enough allowed NUMA nodes"), and a rank
+    bound to the CPU of another instance's busy worker got almost no time: a TP-2 start beside a loaded TP-1
+    instance hung for minutes on 2 cores (measured, docs/lab.md)."""
+    real = [h for h in hosts if h.real]
+    share = max(1, cpus // max(1, len(real)))
     binds: dict[str, str] = {}
-    nxt = 0
-    for h in hosts:
-        if h.real:
-            ranks = max(1, h.gpu_count)
-            binds[h.name] = "|".join(str((nxt + r) % cpus) for r in range(ranks))
-            nxt = (nxt + ranks) % cpus
+    for i, h in enumerate(real):
+        own = [(i * share + k) % cpus for k in range(share)]
+        binds[h.name] = "|".join(str(own[r % len(own)]) for r in range(max(1, h.gpu_count)))
     return binds
 
 

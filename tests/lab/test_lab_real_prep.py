@@ -49,7 +49,9 @@ def test_inventory_puts_real_hosts_in_their_own_group_with_one_cpu_per_rank(tmp_
     assert list(groups["lab"]["hosts"]) == ["sim"] and list(groups["lab_real"]["hosts"]) == ["r1", "r2"]
     real = groups["lab_real"]
     assert real["hosts"]["r1"]["vllm_cpu_omp_threads_bind"] == "0"
-    assert real["hosts"]["r2"]["vllm_cpu_omp_threads_bind"] == "1|0"
+    assert real["hosts"]["r2"]["vllm_cpu_omp_threads_bind"] == "1|1"  # its own CPU, not r1's
+    alone = parse_spec({"hosts": [{"name": "r", "gpu_count": 2, "vllm": "real"}]}).hosts
+    assert access.cpu_binds(alone, 2) == {"r": "0|1"}
     assert real["hosts"]["r2"]["vllm_version"] == REAL_VLLM_VERSION
     assert real["vars"]["vllm_pip_index_url"] == "http://127.0.0.1:4242/simple/"
     assert "vllm_pip_find_links" not in real["vars"]
