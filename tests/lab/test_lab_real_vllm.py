@@ -137,7 +137,9 @@ def test_rolling_restart_under_load_through_the_hooks_loses_no_request(
 
     def long_stream() -> None:
         t0 = time.time()
-        ok, detail = complete(first, MODEL, True, 64, timeout=180)
+        # 256 tokens: ~25 s or more on 2 cores, longer than the restart takes to reach real-1's pre-drain hook
+        # (64 tokens ended 0.8 s before it in one run).
+        ok, detail = complete(first, MODEL, True, 256, timeout=180)
         in_flight["stream"] = (t0, time.time(), ok, detail)
 
     streamer = threading.Thread(target=long_stream, daemon=True)
