@@ -28,6 +28,10 @@ class DeployError(Exception):
     `where` is a host name or `file:line: key.path`; `hint` is the next step ("set ... to ...").
     """
 
+    # What a command exits with when this error ends it; a subclass for a host's failure sets its own
+    # (remote/ssh.py's RemoteError by its kind), so every command maps errors by README's table in one place.
+    exit_code: ExitCode = ExitCode.INPUT
+
     def __init__(self, message: str, *, where: str | None = None, hint: str | None = None) -> None:
         super().__init__(message)
         self.message = message

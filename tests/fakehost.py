@@ -1,15 +1,17 @@
 """A scripted stand-in for one SSH host, for orchestration tests without a network.
 
-It answers the typed commands the orchestration sends by their operation (never by display label): facts
-from its in-memory state, the deploy lock, stage (the tar payload installed as the real script would, a
-release recorded), activate (units restarted), and the probes of a running instance: systemd state, a
-start-up journal (real simulator output for the unit's TP, with the unit's values), nvidia-smi, the process
-tree and the HTTP answers (/health, /v1/models, a completion) the host would get. Anything else fails.
+It answers the typed commands the orchestration sends by their intent (never by shell text or display label):
+facts from its in-memory state, the deploy lock, stage (the files of the tar payload installed where the
+intent says, a release recorded), activate (units restarted), stop, restore and undo, and the probes of a
+running instance: systemd state, a start-up journal (real simulator output for the unit's TP, with the unit's
+values), nvidia-smi, the process tree and the HTTP answers (/health, /v1/models, a completion) the host would
+get. Anything else fails.
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import io
 import json
@@ -18,8 +20,15 @@ import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ernie_deploy.planning.hostpaths import RELEASES_DIR
 from ernie_deploy.remote import http
 from ernie_deploy.remote.command import Command, Op
+from ernie_deploy.remote.converge import Activate, ReadFiles, Stage
+from ernie_deploy.remote.facts import Facts
+from ernie_deploy.remote.lock import HELD_EXIT, Acquire, BreakLock, ReleaseLock, ShowLock
+from ernie_deploy.remote.probe import Probe, Watch
+from ernie_deploy.remote.releases import ListReleases, Restore, Undo
+from ernie_deploy.remote.rolling import GpuRelease, Metrics, Stop
 from ernie_deploy.remote.ssh import Failure, RemoteError, RunResult, Target
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,7 +74,7 @@ class FakeHost:
     active: dict[str, int] = field(default_factory=dict)  # unit → start count (present = running)
     starts: dict[str, int] = field(default_factory=dict)  # unit → how often it was started (kept after a stop)
     lock_info: str | None = None
-    applied: list[str] = field(default_factory=list)  # stage scripts
+    applied: list[Stage] = field(default_factory=list)  # the stages, in order
     releases: list[dict[str, object]] = field(default_factory=list)
     pending: set[str] = field(default_factory=set)
     pending_from: dict[str, str] = field(default_factory=dict)  # pending unit → the release it ran when staged
@@ -81,6 +90,7 @@ class FakeHost:
     fail_start: str | None = None  # starts fail at once with a fatal start-up line when the unit file
     #                                contains this text (or each part of "A && B"), e.g. a changed flag
     log: list[str] = field(default_factory=list)  # what happened, in order: "stop U", "start U", "undo ..."
+    received: list[Command] = field(default_factory=list)  # every command sent to it, in order
 
     def facts_text(self) -> str:
         gpus = "\n".join(f"{i}, NVIDIA A10, GPU-{i:08d}-0000-0000-0000-000000000000, 23028, 550.127.05"
@@ -114,26 +124,22 @@ class FakeHost:
     def unit(self, u: str) -> Unit:
         return parse_unit(self.files[f"/etc/systemd/system/{u}"])
 
-    def stage(self, cmd: Command) -> None:
-        with tarfile.open(fileobj=io.BytesIO(cmd.stdin)) as tar:
+    def stage(self, stage: Stage, stdin: bytes) -> None:
+        with tarfile.open(fileobj=io.BytesIO(stdin)) as tar:
             staged = {m.name: tar.extractfile(m).read().decode() for m in tar.getmembers()}  # type: ignore[union-attr]
-        tmp_to_src = {v.strip("'"): k for k, v in
-                      re.findall(r"install -m \d+ -o root -g root \S+/(f\d+) (\S+)", cmd.script)}
-        for tmp, dest in re.findall(r"mv -f (\S+) (\S+)", cmd.script):
-            if tmp.strip("'") in tmp_to_src:  # not the pending list's own rewrite
-                self.files[dest.strip("'")] = staged[tmp_to_src[tmp.strip("'")]]
+        for f in stage.files:
+            self.files[f.path] = staged[f.member]
         record = json.loads(staged["release.json"])
         self.releases.append(record)
         self.release_files[str(record["id"])] = dict(self.files)
-        marked = re.findall(r"(ernie-vllm-\d+\.service)(?: ([^'\s]+))?", cmd.script.split(">> ")[0].split("printf")[-1])
-        for unit, ran in marked:
+        for unit, ran in stage.pending.items():
             if unit not in self.pending and ran:  # the first record of a unit is kept, as the awk on the host does
                 self.pending_from[unit] = ran
             self.pending.add(unit)
-        self.applied.append(cmd.script)
+        self.applied.append(stage)
 
-    def activate(self, cmd: Command) -> str:
-        for u in cmd.units:
+    def activate(self, activate: Activate) -> str:
+        for u in activate.start:
             self.starts[u] = self.starts.get(u, 0) + 1
             self.active[u] = self.starts[u]
             self.pending.discard(u)
@@ -141,21 +147,20 @@ class FakeHost:
             self.log.append(f"start {u}")
         if not self.restart_marker:
             return ""
-        return "".join(f"{MARK}started {u} run-{self.active[u]} 0\n" for u in cmd.units)
+        return "".join(f"{MARK}started {u} run-{self.active[u]} 0\n" for u in activate.start)
 
     def failing(self, u: str) -> bool:
         text = self.files.get(f"/etc/systemd/system/{u}", "")
         return self.fail_start is not None and all(part in text for part in self.fail_start.split(" && "))
 
-    def stop(self, cmd: Command) -> str:
-        (u,) = cmd.units
-        self.active.pop(u, None)
-        self.log.append(f"stop {u}")
+    def stop(self, stop: Stop) -> str:
+        self.active.pop(stop.unit, None)
+        self.log.append(f"stop {stop.unit}")
         return f"{MARK}stopped inactive\n" + (f"{MARK}killed\n" if self.killed_on_stop else "")
 
-    def gpu_release(self, cmd: Command) -> str:
+    def gpu_release(self, release: GpuRelease) -> str:
         out = []
-        for u in cmd.units:
+        for u in release.units:
             out += [f"{MARK}unit {u}", self.show(u) if u in self.unit_names() else f"Id={u}", f"{MARK}baseline {u}"]
         used = {g: 20500 for u in self.active if u in self.unit_names() for g in self.unit(u).gpus}
         if self.orphan is not None:
@@ -168,45 +173,45 @@ class FakeHost:
         out += [f"{MARK}ps", f"{self.orphan} VLLM::EngineCore" if self.orphan else "", f"{MARK}cgroups"]
         return "\n".join(out) + "\n"
 
-    def metrics(self, cmd: Command) -> str:
-        (request,) = json.loads(cmd.stdin)["requests"]
+    def metrics(self, metrics: Metrics) -> str:
         left = self.in_flight.pop(0) if self.in_flight else 0
         body = (f"vllm:num_requests_running{{engine=\"0\",model_name=\"m\"}} {float(left)}\n"
                 'vllm:num_requests_waiting{engine="0",model_name="m"} 0.0\n')
-        return http.MARK + json.dumps({"id": request["id"], "status": 200, "error": None, "seconds": 0.01,
+        return http.MARK + json.dumps({"id": metrics.request.id, "status": 200, "error": None, "seconds": 0.01,
                                        "body": base64.b64encode(body.encode()).decode()}) + "\n"
 
-    def restore(self, cmd: Command) -> str:
-        for rid, path in re.findall(r"cp -p \S*/releases/([^/']+)(/etc/\S+?)'? ", cmd.script):
-            self.files[path] = self.release_files[rid][path]
-        self.pending |= set(cmd.units)
-        return ""
+    def restore(self, restore: Restore) -> None:
+        for path in restore.paths:
+            self.files[path] = self.release_files[restore.release][path]
+        self.pending |= set(restore.units)
 
-    def undo(self, cmd: Command) -> str:
-        self.restore(cmd)
-        for u in re.findall(r"systemctl stop '?([\w.-]+\.service)", cmd.script):
+    def undo(self, undo: Undo) -> None:
+        for restore in undo.back.values():
+            self.restore(restore)
+        for u in undo.stop + undo.disable:
             self.active.pop(u, None)
-        self.pending -= set(cmd.units)
-        for u in cmd.units:
+        self.pending -= set(undo.units)
+        for u in undo.units:
             self.pending_from.pop(u, None)
-        self.log.append("undo " + " ".join(cmd.units))
-        return ""
+        self.log.append("undo " + " ".join(undo.units))
 
-    def read(self, cmd: Command) -> str:
+    def read(self, read: ReadFiles) -> str:
         out = []
-        for path in re.findall(r"echo '@@ernie-deploy:file (\S+)'", cmd.script):
-            rid = re.match(r"/var/lib/ernie-deploy/releases/([^/]+)(/.*)", path)
-            content = self.release_files[rid.group(1)].get(rid.group(2)) if rid else self.files.get(path)
+        for path in read.paths:
+            rid, _, kept = path.removeprefix(RELEASES_DIR + "/").partition("/")
+            inside = path.startswith(RELEASES_DIR + "/")
+            content = self.release_files[rid].get("/" + kept) if inside else self.files.get(path)
             out.append(f"@@ernie-deploy:file {path}\n{content or ''}")
         return "".join(out)
 
     def probe(self, cmd: Command) -> str:
-        requests = json.loads(cmd.stdin)["requests"] if cmd.stdin else []
-        out = [f"{MARK}http"] if requests else []
-        for r in requests:
+        intent = cmd.intent
+        assert isinstance(intent, (Probe, Watch))
+        out = [f"{MARK}http"] if intent.requests else []
+        for r in intent.requests:
             out.append(http.MARK + json.dumps(self.answer(r)))
         apps, used = [], {}
-        for u in cmd.units:
+        for u in intent.units if isinstance(intent, Probe) else (intent.unit,):
             state = self.show(u) if u in self.unit_names() else f"Id={u}\nLoadState=not-found"
             out += [f"{MARK}unit {u}", state, f"{MARK}journal {u} run-{self.active.get(u, 0)}"]
             if u in self.active and self.failing(u):
@@ -219,7 +224,7 @@ class FakeHost:
                 for rank, g in enumerate(self.unit(u).gpus):
                     apps.append(f"{self.pid(u) + 1 + rank}, 20000, GPU-{g:08d}-0000-0000-0000-000000000000")
                     used[g] = 20500
-        if cmd.op is Op.PROBE:
+        if isinstance(intent, Probe):
             out += [f"{MARK}gpus"] + [f"{i}, GPU-{i:08d}-0000-0000-0000-000000000000, {used.get(i, 0)}, 23028, "
                                       f"{40 if i in used else 0}" for i in range(self.gpus)]
             out += [f"{MARK}apps", *apps, f"{MARK}ps"]
@@ -227,12 +232,12 @@ class FakeHost:
                     for k in range(0, 1 + len(self.unit(u).gpus))]
         return "\n".join(out) + "\n"
 
-    def answer(self, r: dict[str, object]) -> dict[str, object]:
-        url = str(r["url"])
+    def answer(self, r: http.Request) -> dict[str, object]:
+        url = r.url
         port = int(url.split(":")[2].split("/")[0])
         running = [self.unit(u) for u in self.active if u in self.unit_names() and self.unit(u).port == port]
         if not running:
-            return {"id": r["id"], "status": None, "error": "[Errno 111] Connection refused", "seconds": 0.0,
+            return {"id": r.id, "status": None, "error": "[Errno 111] Connection refused", "seconds": 0.0,
                     "body": ""}
         unit = running[0]
         if url.endswith("/health"):
@@ -244,7 +249,7 @@ class FakeHost:
             body = json.dumps({"id": "cmpl-1", "object": "text_completion", "model": unit.name,
                                "choices": [{"index": 0, "text": " Paris.", "finish_reason": "length"}],
                                "usage": {"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13}}).encode()
-        return {"id": r["id"], "status": 200, "error": None, "seconds": 0.01, "first_byte": 0.005,
+        return {"id": r.id, "status": 200, "error": None, "seconds": 0.01, "first_byte": 0.005,
                 "body": base64.b64encode(body).decode()}
 
 
@@ -259,37 +264,59 @@ class FakeSession:
         self.commands += 1
         self.history.append(cmd.label)
         h = self.host
+        h.received.append(cmd)
         if h.fail_on is cmd.op:
             raise ValueError(f"fake failure on {cmd.op.value}")
-        if cmd.op is Op.LOCK_FACTS:
-            token = re.search(r'"token": "([0-9a-f]+)"', cmd.script)
-            if h.lock_info and (not token or token.group(1) not in h.lock_info):
-                return RunResult(cmd.label, 75, f"{MARK}lock-held\n{h.lock_info}\n".encode(), b"")
-            h.lock_info = h.lock_info or re.search(r"'(\{.*?\})'", cmd.script).group(1)  # type: ignore[union-attr]
-            return RunResult(cmd.label, 0, h.facts_text().encode(), b"")
-        answers = {
-            Op.FACTS: h.facts_text,
-            Op.STAGE: lambda: h.stage(cmd) or f"{MARK}release x\n",
-            Op.ACTIVATE: lambda: h.activate(cmd),
-            Op.RELEASE_LOCK: lambda: setattr(h, "lock_info", None) or "",
-            Op.PROBE: lambda: h.probe(cmd),
-            Op.WATCH: lambda: h.probe(cmd),
-            Op.SHOW_LOCK: lambda: h.lock_info or "",
-            Op.BREAK_LOCK: lambda: setattr(h, "lock_info", None) or "",
-            Op.READ_FILES: lambda: h.read(cmd),
-            Op.RELEASES: lambda: "".join(f"{MARK}release-json {json.dumps(r)}\n" for r in h.releases),
-            Op.STOP: lambda: h.stop(cmd),
-            Op.GPU_RELEASE: lambda: h.gpu_release(cmd),
-            Op.METRICS: lambda: h.metrics(cmd),
-            Op.UNDO: lambda: h.undo(cmd),
-            Op.RESTORE: lambda: h.restore(cmd),
-        }
-        if cmd.op not in answers:
+        if isinstance(cmd.intent, Acquire):
+            info = cmd.intent.info
+            if h.lock_info and info.token not in h.lock_info:
+                return RunResult(cmd.label, HELD_EXIT, f"{MARK}lock-held\n{h.lock_info}\n".encode(), b"")
+            h.lock_info = h.lock_info or info.to_json()
+            text = self.reply(dataclasses.replace(cmd, intent=cmd.intent.then))  # the read under the lock
+        else:
+            text = self.reply(cmd)
+        if text is None:
             result = RunResult(cmd.label, 127, b"", f"fake host: no answer for {cmd.op}".encode())
             if cmd.check:
                 raise RemoteError(Failure.COMMAND, f"{cmd.label} exited 127", where=self.target.name)
             return result
-        return RunResult(cmd.label, 0, str(answers[cmd.op]()).encode(), b"")
+        return RunResult(cmd.label, 0, text.encode(), b"")
+
+    def reply(self, cmd: Command) -> str | None:
+        """What the host prints for the command, from what it means; None: no answer for it."""
+        h = self.host
+        match cmd.intent:
+            case Facts():
+                return h.facts_text()
+            case Stage() as stage:
+                h.stage(stage, cmd.stdin)
+                return f"{MARK}release x\n"
+            case Activate() as activate:
+                return h.activate(activate)
+            case ReleaseLock() | BreakLock():
+                h.lock_info = None
+                return ""
+            case ShowLock():
+                return h.lock_info or ""
+            case Probe() | Watch():
+                return h.probe(cmd)
+            case ReadFiles() as read:
+                return h.read(read)
+            case ListReleases():
+                return "".join(f"{MARK}release-json {json.dumps(r)}\n" for r in h.releases)
+            case Stop() as stop:
+                return h.stop(stop)
+            case GpuRelease() as release:
+                return h.gpu_release(release)
+            case Metrics() as metrics:
+                return h.metrics(metrics)
+            case Undo() as undo:
+                h.undo(undo)
+                return ""
+            case Restore() as restore:
+                h.restore(restore)
+                return ""
+        return None
 
     def close(self) -> None:
         pass

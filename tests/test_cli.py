@@ -125,11 +125,12 @@ def test_module_entry_point_and_help() -> None:
 
 def test_diffs_are_never_wrapped(capsys: pytest.CaptureFixture[str]) -> None:
     """A diff line longer than the console must stay one line: a wrapped tail would read as another line."""
+    from ernie_deploy.orchestration.details import Change
     from ernie_deploy.orchestration.results import HostResult, Status
     from ernie_deploy.output.recap import show_results
 
     long = "+ExecStart=/opt/vllm/bin/vllm serve /models/ERNIE-4.5-0.3B-PT " + "--x " * 80
     diff = f"--- a (on host)\n+++ a (planned)\n@@ -1 +1 @@\n-old\n{long}\n"
-    show_results([HostResult("h", Status.CHANGED, "would change", diffs=[diff])])
+    show_results([HostResult("h", Status.CHANGED, "would change", detail=Change(diffs=[diff]))])
     out = capsys.readouterr().out
     assert long in out.splitlines()

@@ -22,7 +22,9 @@ from ernie_deploy.errors import ExitCode
 from ernie_deploy.inventory.inventory import load_inventory
 from ernie_deploy.orchestration.deploy import Options, Runner
 from ernie_deploy.orchestration.results import Status, exit_code, recap_counts
+from ernie_deploy.planning.findings import Finding
 from ernie_deploy.planning.plan import PlanContext
+from ernie_deploy.planning.plantypes import HostPlan
 from ernie_deploy.remote.command import Command, Op
 
 
@@ -47,7 +49,7 @@ def test_first_deploy_changes_then_second_is_a_no_op(tmp_path: Path) -> None:
     assert [r.status for r in first] == [Status.CHANGED, Status.CHANGED]
     assert sorted(fakes["a"].files) == ["/etc/ernie-deploy/ernie-vllm-0.env",
                                         "/etc/systemd/system/ernie-vllm-0.service"]
-    assert first[0].started == ["ernie-vllm-0.service"] and exit_code(first) == ExitCode.OK
+    assert first[0].change.started == ["ernie-vllm-0.service"] and exit_code(first) == ExitCode.OK
     assert fakes["a"].lock_info is None  # released
     second = runner(fakes).run(hosts)
     assert [r.status for r in second] == [Status.OK, Status.OK]
@@ -61,8 +63,8 @@ def test_changed_variable_restarts_only_that_host(tmp_path: Path) -> None:
     runner(fakes).run(inventory(tmp_path, {"a": {}, "b": {}}))
     results = runner(fakes).run(inventory(tmp_path, {"a": {"vllm_max_model_len": 2048}, "b": {}}))
     assert [r.status for r in results] == [Status.CHANGED, Status.OK]
-    assert results[0].restarted == ["ernie-vllm-0.service"]
-    assert results[0].changed_files == ["/etc/systemd/system/ernie-vllm-0.service"]
+    assert results[0].change.restarted == ["ernie-vllm-0.service"]
+    assert results[0].change.changed_files == ["/etc/systemd/system/ernie-vllm-0.service"]
     assert fakes["a"].active["ernie-vllm-0.service"] == 2 and fakes["b"].active["ernie-vllm-0.service"] == 1
 
 
@@ -72,7 +74,7 @@ def test_check_mode_changes_nothing_and_takes_no_lock(tmp_path: Path) -> None:
     assert results[0].status is Status.CHANGED and "check mode" in results[0].message
     assert fakes["a"].files == {} and fakes["a"].applied == [] and fakes["a"].lock_info is None
     assert results[0].command_log == ["gather facts"]
-    assert any("+ExecStart=" in d for d in results[0].diffs)
+    assert any("+ExecStart=" in d for d in results[0].change.diffs)
 
 
 def test_unreachable_host_does_not_stop_the_others(tmp_path: Path) -> None:
@@ -144,7 +146,7 @@ def test_deploy_watches_and_checks_every_started_instance(tmp_path: Path) -> Non
                      "start ernie-vllm-0", "ready ernie-vllm-0", "checks"]
     by_name = {c.name: c for c in r.checks}
     assert by_name["http_models"].status == "pass" and by_name["tensor_parallel"].status == "pass"
-    assert r.release and r.release == fakes["a"].releases[0]["id"]
+    assert r.change.release and r.change.release == fakes["a"].releases[0]["id"]
 
 
 def test_an_instance_that_serves_the_wrong_length_fails_the_host(tmp_path: Path) -> None:
@@ -184,7 +186,8 @@ def test_ctrl_c_prints_every_host_and_releases_every_lock(tmp_path: Path) -> Non
     assert run.stopped_by == signal.SIGINT and exit_code(results, run.stopped_by) == ExitCode.INTERRUPTED
     assert [r.host for r in results] == ["a", "b", "c"]
     assert results[0].status is Status.FAILED and "interrupted" in results[0].message
-    assert "not verified" in results[0].message and not results[0].rollbacks  # an interrupt is not a failed start
+    # an interrupt is not a failed start
+    assert "not verified" in results[0].message and not results[0].change.rollbacks
     assert {r.status for r in results[1:]} <= {Status.SKIPPED, Status.CHANGED}
     assert all(f.lock_info is None for f in fakes.values())
 
@@ -302,3 +305,27 @@ def test_breaking_a_lock_whose_holder_may_run_needs_force(tmp_path: Path) -> Non
     assert r.status is Status.FAILED and "--force" in (r.hint or "") and fakes["a"].lock_info == alive
     ((r, state),) = lock_state(Fleet(connector(fakes), FleetOptions()), hosts, break_=True, force=True)
     assert r.status is Status.CHANGED and state.startswith("broke lock held by") and fakes["a"].lock_info is None
+
+
+def test_each_host_is_planned_once_per_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A deploy reads each host's inventory and builds its plan once, though a changing host has its facts read
+    twice (without the lock, then with it)."""
+    from ernie_deploy.planning import plan as planning
+
+    reads: list[str] = []
+    builds: list[str] = []
+    read, check = planning.inventory_settings, planning.unsafe_values
+
+    def counted_read(host_vars: dict[str, object], where: str) -> dict[str, object]:
+        reads.append(where)
+        return read(host_vars, where)
+
+    def counted_build(plan: HostPlan) -> list[Finding]:
+        builds.append(plan.name)
+        return check(plan)
+
+    monkeypatch.setattr(planning, "inventory_settings", counted_read)
+    monkeypatch.setattr(planning, "unsafe_values", counted_build)
+    results = runner({"a": FakeHost(), "b": FakeHost()}).run(inventory(tmp_path, {"a": {}, "b": {}}))
+    assert [r.status for r in results] == [Status.CHANGED, Status.CHANGED]
+    assert sorted(reads) == ["a", "b"] and sorted(builds) == ["a", "b"]

@@ -84,3 +84,8 @@ def test_every_readme_code_is_an_exit_code_with_a_scenario() -> None:
 @pytest.mark.parametrize("code", sorted(SCENARIOS))
 def test_scenario_gives_its_code(code: int, tmp_path: Path) -> None:
     assert SCENARIOS[code](tmp_path) == code, readme_codes()[code]
+
+
+def test_logs_of_an_unreachable_host_exits_as_unreachable(tmp_path: Path) -> None:
+    """Commands that reach one host directly (not through a multi-host run) exit by the same table."""
+    assert main(["logs", "-i", write(tmp_path, ansible_port=1), "h", "--connect-timeout", "1"]) == ExitCode.UNREACHABLE

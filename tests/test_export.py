@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from ernie_deploy.cli.main import main
+from ernie_deploy.planning.hostpaths import PENDING_FILE
 from ernie_deploy.remote import lock, releases
-from ernie_deploy.remote.state import PENDING_FILE
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "inventory/example.yml"

@@ -18,5 +18,7 @@ def test_wheel_contains_templates_and_data(tmp_path: Path) -> None:
                    "ernie_deploy/data/recommendations.yml", "ernie_deploy/data/gpus.yml",
                    "ernie_deploy/data/signatures.yml", "ernie_deploy/data/vllm_versions.yml",
                    "ernie_deploy/data/models/ERNIE-4.5-0.3B-PT/config.json", "ernie_deploy/lab/sim/__init__.py",
-                   "ernie_deploy/lab/sim/vllm_sim.py", "ernie_deploy/cli/main.py"):
+                   "ernie_deploy/lab/sim/vllm_sim.py", "ernie_deploy/cli/main.py",
+                   # Sent to hosts as text, read with importlib.resources.
+                   "ernie_deploy/remote/programs/http_probe.py", "ernie_deploy/export/hostscript.py"):
         assert needed in names, needed

@@ -10,7 +10,7 @@ from conftest import FIXTURES, ROOT, codes
 from ernie_deploy.inventory.inventory import load_inventory
 from ernie_deploy.planning.findings import Severity
 from ernie_deploy.planning.plan import PlanContext, plan_hosts
-from ernie_deploy.planning.plantypes import HostPlan
+from ernie_deploy.planning.plantypes import HostPlan, Tuning
 
 Plan = Callable[..., HostPlan]
 A10 = {"gpu_model": "NVIDIA A10"}
@@ -35,6 +35,16 @@ def test_guide_rows_are_matched(plan_one: Plan, gpu: str, count: int, row: str, 
     (inst,) = p.instances
     assert (inst.tensor_parallel_size, inst.max_model_len, inst.gpus) == (tp, mml, tuple(range(count)))
     assert p.settings["tensor_parallel_size"].source == f"row {row}"
+
+
+def test_tuning_holds_the_settings_a_rollout_acts_on_typed(plan_one: Plan) -> None:
+    p = plan_one(**A10, gpu_count=2)
+    assert p.tuning == Tuning(startup_budget=600.0, stable_seconds=10.0, keep_releases=5, share_gpus=False,
+                              extra_args=())
+    p = plan_one(**A10, gpu_count=2, vllm_startup_budget=90, vllm_stable_seconds=2.5, vllm_keep_releases=2,
+                 vllm_extra_args=["--enforce-eager"])
+    assert p.tuning == Tuning(90.0, 2.5, 2, False, ("--enforce-eager",))
+    assert isinstance(p.tuning.startup_budget, float) and p.settings["startup_budget"].value == 90
 
 
 def test_long_doc_profile_adds_prefix_caching(plan_one: Plan) -> None:

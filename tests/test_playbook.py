@@ -1,6 +1,8 @@
 """Playbooks: the bundled ones load; every kind of mistake names FILE:LINE, the key path and the closest valid
 name, before any host is contacted; tags select tasks the way ansible-playbook does."""
 
+import argparse
+import re
 from pathlib import Path
 
 import pytest
@@ -162,7 +164,43 @@ def test_playbook_options_refuse_a_bad_playbook_before_any_host(tmp_path: Path, 
 
 
 def test_the_action_names_run_help_shows_are_the_schemas() -> None:
-    from ernie_deploy.playbook.actions import ACTION_NAMES
+    from ernie_deploy.cli.main import build_parser
     from ernie_deploy.playbook.schema import ACTIONS
 
-    assert tuple(ACTIONS) == ACTION_NAMES
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    description = sub.choices["run"].description or ""
+    action_names = tuple(description.split("Actions: ", 1)[1].split(". ", 1)[0].split(", "))
+    assert tuple(ACTIONS) == action_names
+
+
+def test_every_action_has_a_handler_and_every_handler_an_action() -> None:
+    from ernie_deploy.orchestration.playrun import HANDLERS
+    from ernie_deploy.playbook.actions import ACTIONS
+
+    assert set(HANDLERS) == set(ACTIONS)
+
+
+def test_defaults_come_from_the_registry() -> None:
+    from ernie_deploy.playbook.actions import ACTIONS
+    from ernie_deploy.playbook.schema import Task
+
+    task = Task("hook", {"run": "true"}, "h", frozenset(), "f:1")
+    assert task.number("timeout") == ACTIONS["hook"].args["timeout"].default
+    assert Task("hook", {"run": "true", "timeout": 5}, "h", frozenset(), "f:1").number("timeout") == 5.0
+
+
+def test_the_docs_table_lists_each_action_with_its_arguments_defaults_and_check_mode() -> None:
+    from ernie_deploy.playbook.actions import ACTIONS
+
+    text = (ROOT / "docs" / "playbooks.md").read_text()
+    rows = {m.group(1): (m.group(2), m.group(3)) for m in
+            re.finditer(r"^\| `(\w+)` \| (.+?) \| .+ \| (.+?) \|$", text, re.MULTILINE)}
+    assert list(rows) == list(ACTIONS)
+    for name, action in ACTIONS.items():
+        arguments, check = rows[name]
+        assert (check == "skipped") == (not action.runs_in_check), name
+        listed = text if arguments == "see below" else arguments
+        for arg, spec in action.args.items():
+            assert f"`{arg}`" in listed, (name, arg)
+            if isinstance(spec.default, float):
+                assert f"`{arg}` ({spec.default:g}" in listed, (name, arg)

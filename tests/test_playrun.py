@@ -4,6 +4,8 @@ converge goes back to what really ran before, not to the files converge just sta
 
 from __future__ import annotations
 
+import getpass
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,6 +19,9 @@ from ernie_deploy.orchestration.results import Status
 from ernie_deploy.orchestration.transport import Progress
 from ernie_deploy.planning.plan import PlanContext
 from ernie_deploy.playbook.schema import Play, Task, load_playbook
+from ernie_deploy.remote.command import Command
+from ernie_deploy.remote.shelltask import OperatorCommand
+from ernie_deploy.remote.ssh import RunResult
 
 QUICK = "startup_budget: 5"
 
@@ -96,3 +101,38 @@ def test_a_failed_restart_after_converge_goes_back_to_what_ran(tmp_path: Path) -
     assert statuses(records)[:2] == [{"a": "changed"}, {"a": "failed"}]
     assert fakes["a"].files == ran
     assert "ernie-vllm-0.service" not in fakes["a"].pending
+
+
+class CommandHost:
+    """A host that runs whatever it is sent and keeps it: the command task's one command."""
+
+    def __init__(self) -> None:
+        self.sent: list[Command] = []
+        self.commands = 0
+        self.history: list[str] = []
+
+    def run(self, cmd: Command) -> RunResult:
+        self.sent.append(cmd)
+        self.commands += 1
+        self.history.append(cmd.label)
+        return RunResult(cmd.label, 0, b"done\n", b"")
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_command_task_audits_who_ran_it_like_every_change(tmp_path: Path) -> None:
+    host = CommandHost()
+    inv = tmp_path / "inv.yml"
+    inv.write_text(yaml.safe_dump({"all": {"hosts": {"a": {"ansible_host": "127.0.0.1"}}}}))
+    book = tmp_path / "book.yml"
+    book.write_text("- hosts: all\n  tasks:\n    - name: clean\n      command: {run: 'rm -rf /tmp/x'}\n")
+    runner = PlaybookRunner(load_inventory(inv), PlanContext.load(), lambda target: host,
+                            RunOptions(base_dir=tmp_path), _start)
+    (record,) = runner.run(load_playbook(book))
+    assert [r.status for r in record.results] == [Status.CHANGED]
+    (cmd,) = host.sent
+    assert isinstance(cmd.intent, OperatorCommand)
+    assert cmd.intent.audit["user"] == getpass.getuser()
+    assert cmd.intent.audit["controller"] == socket.gethostname()
+    assert cmd.intent.audit["command"] == "ernie-deploy run (clean)" and cmd.intent.audit["run"] == "rm -rf /tmp/x"

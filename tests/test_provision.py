@@ -18,6 +18,7 @@ from ernie_deploy.errors import DeployError, InventoryError
 from ernie_deploy.inventory.inventory import Host
 from ernie_deploy.lab import wheel
 from ernie_deploy.orchestration import localfiles
+from ernie_deploy.orchestration.details import ProvisionReport
 from ernie_deploy.orchestration.fleet import Fleet, FleetOptions
 from ernie_deploy.orchestration.provision import Provisioner, ProvisionOptions
 from ernie_deploy.orchestration.results import Status
@@ -365,7 +366,7 @@ def test_a_foreign_venv_with_another_version_is_left_alone(tmp_path: Path) -> No
     assert run.result.status is Status.FAILED and "0.33.0" in run.result.message and "0.34.0" in run.result.message
     assert "INSTALL_VLLM" not in fake.ops
     run, fake = provision(tmp_path, venv="foreign", version="0.34.0\nrc=0")  # matching metadata: adopted
-    assert "INSTALL_VLLM" not in fake.ops and run.data["provision"].vllm["state"] == "adopted"
+    assert "INSTALL_VLLM" not in fake.ops and run.result.detail_of(ProvisionReport).vllm["state"] == "adopted"
 
 
 def test_a_venv_in_use_is_never_reinstalled_in_place(tmp_path: Path) -> None:
@@ -383,7 +384,7 @@ def test_too_little_disk_fails_before_copying(tmp_path: Path) -> None:
 def test_check_mode_takes_no_lock_and_changes_nothing(tmp_path: Path) -> None:
     run, fake = provision(tmp_path, check=True, user="")
     assert fake.ops == ["PROVISION_PROBE"]
-    assert [a["status"] for a in run.data["provision"].actions] == \
+    assert [a["status"] for a in run.result.detail_of(ProvisionReport).actions] == \
         ["ok", "would change", "ok", "would change", "would change"]
 
 
@@ -399,7 +400,7 @@ def test_a_hub_download_is_switched_in_and_its_token_goes_to_stdin_only(tmp_path
     download, switch = fake.sent[1], fake.sent[2]
     assert download.stdin == b"hf_Sekr1t\n" and "hf_Sekr1t" not in download.script
     assert json.loads(switch.stdin)["source"] == result["source"] and "hf_Sekr1t" not in switch.script
-    assert "hf_Sekr1t" not in json.dumps(run.data["provision"].to_json())
+    assert "hf_Sekr1t" not in json.dumps(run.result.detail_of(ProvisionReport).to_json())
     failed = {"error": "HfHubHTTPError: 401 for token hf_Sekr1t"}
     run, fake = provision(tmp_path, venv="ours", version="0.34.0\nrc=0",
                           answers={Op.HUB_DOWNLOAD: hub.RESULT_MARK + json.dumps(failed)},

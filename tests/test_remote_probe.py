@@ -11,6 +11,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from ernie_deploy.planning.hostpaths import local_url
 from ernie_deploy.remote import http, probe
 
 
@@ -31,7 +32,7 @@ def test_probe_program_runs_and_answers_in_order() -> None:
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        base = http.base_url("127.0.0.1", server.server_address[1])
+        base = local_url("127.0.0.1", server.server_address[1])
         requests = [http.Request("h", f"{base}/health"), http.Request("m", f"{base}/v1/models", auth=True, after="h"),
                     http.Request("x", f"{base}/none", after="m")]
         out = subprocess.run([sys.executable, "-c", http.PROGRAM], input=http.stdin(requests, "sk-secret"),
@@ -45,9 +46,9 @@ def test_probe_program_runs_and_answers_in_order() -> None:
 
 
 def test_wildcard_bind_is_probed_on_loopback() -> None:
-    assert http.base_url("0.0.0.0", 8000) == "http://127.0.0.1:8000"
-    assert http.base_url("::", 8000) == "http://[::1]:8000"
-    assert http.base_url("10.0.0.5", 8001) == "http://10.0.0.5:8001"
+    assert local_url("0.0.0.0", 8000) == "http://127.0.0.1:8000"
+    assert local_url("::", 8000) == "http://[::1]:8000"
+    assert local_url("10.0.0.5", 8001) == "http://10.0.0.5:8001"
 
 
 def test_probe_parse_sections_and_missing_python() -> None:

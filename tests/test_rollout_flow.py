@@ -105,7 +105,7 @@ def test_failed_new_release_is_rolled_back_and_reverified(tmp_path: Path) -> Non
     assert exit_code([r]) == ExitCode.FAILED
     assert fakes["a"].files == before  # byte for byte
     assert "ernie-vllm-0.service" in fakes["a"].active  # running again, on the old release
-    (line,) = r.rollbacks
+    (line,) = r.change.rollbacks
     assert "rolled back to release" in line and "ready and verified" in line
     assert fakes["a"].log[-3:] == ["start ernie-vllm-0.service", "undo ernie-vllm-0.service",
                                    "start ernie-vllm-0.service"]
@@ -116,7 +116,7 @@ def test_no_rollback_keeps_the_failed_state(tmp_path: Path) -> None:
     deploy(fakes, hosts_of(tmp_path, {"a": {}}))
     fakes["a"].fail_start = "--max-model-len 2048"
     (r,) = deploy(fakes, hosts_of(tmp_path, {"a": {"vllm_max_model_len": 2048}}), rollback=False)
-    assert r.status is Status.FAILED and "--no-rollback" in r.rollbacks[0]
+    assert r.status is Status.FAILED and "--no-rollback" in r.change.rollbacks[0]
     assert "2048" in fakes["a"].files["/etc/systemd/system/ernie-vllm-0.service"]
 
 
@@ -124,7 +124,7 @@ def test_failed_first_deploy_is_stopped_and_disabled(tmp_path: Path) -> None:
     fakes = {"a": FakeHost(fail_start="vllm")}
     (r,) = deploy(fakes, hosts_of(tmp_path, {"a": {}}))
     assert r.status is Status.FAILED
-    assert "first deploy" in r.rollbacks[0] and "stopped and disabled" in r.rollbacks[0]
+    assert "first deploy" in r.change.rollbacks[0] and "stopped and disabled" in r.change.rollbacks[0]
     assert "ernie-vllm-0.service" not in fakes["a"].active
 
 
@@ -346,14 +346,15 @@ def test_units_of_one_host_on_different_releases_each_go_back_to_their_own(tmp_p
     a_files = dict(fakes["a"].files)
     fakes["a"].fail_start = "--port 8001 && 2048"  # B fails on instance 1 only
     (r,) = deploy(fakes, hosts_of(tmp_path, {"a": {**TWO, "vllm_max_model_len": 2048}}))
-    assert r.status is Status.FAILED and "rolled back to release" in r.rollbacks[0]
+    assert r.status is Status.FAILED and "rolled back to release" in r.change.rollbacks[0]
     b_unit0 = fakes["a"].files["/etc/systemd/system/ernie-vllm-0.service"]
     assert "2048" in b_unit0 and fakes["a"].files["/etc/systemd/system/ernie-vllm-1.service"] == \
         a_files["/etc/systemd/system/ernie-vllm-1.service"]
     fakes["a"].fail_start = "--port 8000 && 3072"  # C fails on instance 0, before instance 1 is reached
     (r,) = deploy(fakes, hosts_of(tmp_path, {"a": {**TWO, "vllm_max_model_len": 3072}}))
     assert r.status is Status.FAILED
-    assert "ready and verified" in r.rollbacks[0] and not any("disabled" in x for x in r.rollbacks), r.rollbacks
+    rollbacks = r.change.rollbacks
+    assert "ready and verified" in rollbacks[0] and not any("disabled" in x for x in rollbacks), rollbacks
     assert fakes["a"].files["/etc/systemd/system/ernie-vllm-0.service"] == b_unit0  # back to B
     assert fakes["a"].files["/etc/systemd/system/ernie-vllm-1.service"] == \
         a_files["/etc/systemd/system/ernie-vllm-1.service"]  # never reached: A's files again, not C's
@@ -404,20 +405,20 @@ def test_ctrl_c_during_the_gpu_wait_still_brings_the_instance_back(tmp_path: Pat
     import _thread
     import time as clock
 
-    from ernie_deploy.remote.command import Command
+    from ernie_deploy.remote.rolling import GpuRelease
 
     class SlowRelease(FakeHost):
         readings = -1  # not armed during the first deploy
 
-        def gpu_release(self, cmd: Command) -> str:
+        def gpu_release(self, release: GpuRelease) -> str:
             if self.readings < 0:
-                return super().gpu_release(cmd)
+                return super().gpu_release(release)
             self.readings += 1
             if self.readings == 1:
                 _thread.interrupt_main()  # what Ctrl-C does
                 clock.sleep(0.2)
             self.orphan = 4242 if self.readings < 4 else None  # the driver lets go after a while
-            return super().gpu_release(cmd)
+            return super().gpu_release(release)
 
     fakes: dict[str, FakeHost] = {"a": SlowRelease()}
     deploy(fakes, hosts_of(tmp_path, {"a": {}}))

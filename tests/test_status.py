@@ -1,13 +1,18 @@
-"""status's pure parts: the host's process list, the `vllm serve` test, the unit word round trip, logs' split."""
+"""status's pure parts: the host's process list, the `vllm serve` test, the unit word round trip, logs' split,
+the last change as printed."""
 
 import base64
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ernie_deploy.orchestration.details import StatusReport
+from ernie_deploy.orchestration.results import HostResult
+from ernie_deploy.output.status import show_status
 from ernie_deploy.planning.render import systemd_word, unescape_word
 from ernie_deploy.remote import logs
-from ernie_deploy.remote.facts import MARK
+from ernie_deploy.remote.protocol import MARK
 from ernie_deploy.remote.status import parse
 
 
@@ -37,3 +42,14 @@ def test_logs_split_keeps_the_cursor_apart() -> None:
     text = "invocation abc\n2026-12-04T04:00:00+0000 h vllm[1]: INFO ready\n-- cursor: s=1;i=2\n"
     assert logs.split(text) == ("abc", ["2026-12-04T04:00:00+0000 h vllm[1]: INFO ready"], "s=1;i=2")
     assert logs.split("invocation abc\n-- No entries --\n") == ("abc", [], None)
+
+
+def test_status_never_prints_none_for_an_audit_line_without_user_or_controller(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Audit lines written before every change carried user and controller (a playbook's command task) still
+    read as a last change."""
+    last = {"time": "2026-01-05T10:00:00Z", "user": None, "controller": None, "command": "ernie-deploy run (x)",
+            "action": "command"}
+    show_status([HostResult("a")], {"a": StatusReport(last_change=last)}, 0, json=False)
+    out = capsys.readouterr().out
+    assert "None" not in out and "last change 2026-01-05T10:00:00Z ? ernie-deploy run (x) (command)" in out

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from ernie_deploy.errors import DeployError
+from ernie_deploy.orchestration.steps import Step, StepStatus, phase_timings
 from ernie_deploy.orchestration.timeline import PHASES, Mark, Span, Timeline
 from ernie_deploy.output.timeline import FAILED, WARN, render, write
 
@@ -259,3 +260,19 @@ def test_write_into_a_missing_directory_is_a_clear_error(tmp_path: Path) -> None
         write(timeline(), path, "")
     assert str(path) in str(caught.value)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_phase_is_recorded_once_and_drawn_and_timed_from_its_step() -> None:
+    """A readiness watch is one step: it draws loading (from the start) until the instance first served, then
+    ready; the timings table reads the same step."""
+    tl = Timeline(started_at=1_700_000_000.0)
+    unit = "ernie-vllm-0.service"
+    drain = Step("drain ernie-vllm-0", StepStatus.WARN, seconds=2.0, phase="drain", units=(unit,), started=1.0,
+                 ended=3.0)
+    ready = Step("ready ernie-vllm-0", seconds=10.0, phase="ready", units=(unit,), started=4.0, ended=15.0,
+                 healthy=12.0)
+    for step in (drain, ready):
+        tl.record("a", step)
+    assert [(s.phase, s.start, s.end, s.status) for s in tl.spans] == [
+        ("drain", 1.0, 3.0, "warn"), ("load", 4.0, 12.0, "ok"), ("ready", 12.0, 15.0, "ok")]
+    assert phase_timings([drain, ready]) == {unit: {"drain": 2.0, "ready": 10.0, "load": 7.0}}

@@ -9,11 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 from ernie_deploy.cli.files import swap_in
 from ernie_deploy.errors import DeployError, ExitCode
+from ernie_deploy.output.schemas import EXPORT_SCHEMA
 
 if TYPE_CHECKING:
     from ernie_deploy.export.ansible import ExportFile
-
-SCHEMA = "ernie-deploy/export/v1"
 
 
 def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
@@ -42,14 +41,14 @@ def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
                    help="run on the controller before each instance is drained (take it out of the load "
                         "balancer); ERNIE_* variables say which, as for `ernie-deploy restart`")
     p.add_argument("--post-ready", default="", metavar="CMD", help="run after an instance is ready (put it back)")
-    p.add_argument("--json", action="store_true", help=f"machine-readable output (schema {SCHEMA})")
+    p.add_argument("--json", action="store_true", help=f"machine-readable output (schema {EXPORT_SCHEMA})")
     p.set_defaults(func=cmd_export)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     from ernie_deploy.export.ansible import ExportOptions, export_files, host_files
     from ernie_deploy.inventory.inventory import load_inventory
-    from ernie_deploy.output import console
+    from ernie_deploy.output.export import say_plan_errors, show_export
     from ernie_deploy.planning.batches import parse_percentage, parse_serial
     from ernie_deploy.planning.plan import PlanContext, plan_hosts
     from ernie_deploy.planning.render import environment_for_templates, render_host, templates_dir
@@ -66,20 +65,13 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise DeployError(f"no host matches --limit {args.limit!r}", where=str(args.inventory))
     bad = [p.name for p in plans if not p.ok]
     if bad:
-        console.err.print(f"error: the plan has errors on {', '.join(bad)}; nothing was written "
-                          "(run `ernie-deploy plan` for the fixes)", markup=False)
+        say_plan_errors(bad)
         return ExitCode.PLAN_ERRORS
     env = environment_for_templates(templates_dir(args.templates))
     rendered = {p.name: host_files(p, partial(render_host, env=env)) for p in plans}
     files = export_files(args.inventory, plans, rendered, options)
     write_tree(args.output, files)
-    if args.json:
-        console.print_json({"schema": SCHEMA, "output": str(args.output), "hosts": [p.name for p in plans],
-                            "files": [f.path for f in files]})
-    else:
-        console.out.print(f"wrote {len(files)} files for {len(plans)} host(s) to {args.output}", markup=False)
-        console.out.print(f"next: cd {args.output} && ansible-playbook site.yml -e @vault.yml (see README.md)",
-                          markup=False)
+    show_export(args.output, [p.name for p in plans], [f.path for f in files], json=args.json)
     return ExitCode.OK
 
 

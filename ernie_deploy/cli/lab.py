@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ernie_deploy.lab.lab import Lab
-    from ernie_deploy.lab.state import LabState
 
 _DESCRIPTION = (
     "The rehearsal lab: one systemd-nspawn container per simulated GPU host, each with real systemd, "
@@ -57,64 +56,32 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 def _lab() -> Lab:
     from ernie_deploy.lab.lab import Lab
     from ernie_deploy.output import console
-    return Lab(progress=lambda message: console.err.print(message, markup=False, highlight=False))
-
-
-def _state_json(state: LabState) -> dict[str, object]:
-    return {
-        "dir": state.dir,
-        "inventory": state.inventory,
-        "key": state.key,
-        "known_hosts": state.known_hosts,
-        "rootfs": state.rootfs,
-        "build_seconds": state.build_seconds,
-        "ready_seconds": state.ready_seconds,
-        "hosts": [{"name": h.name, "address": h.address, "pid": h.pid, "gpus": h.gpus} for h in state.hosts],
-    }
+    return Lab(progress=console.note)
 
 
 def cmd_up(args: argparse.Namespace) -> int:
     from ernie_deploy.lab.spec import load_spec
     from ernie_deploy.output import console
+    from ernie_deploy.output.lab import show_up
     spec = load_spec(args.spec)
     if args.bare:
         spec = spec.all_bare()
     lab = _lab()
     with console.status(f"lab up: {len(spec.hosts)} hosts from {spec.source}"):
         state = lab.up(spec, inventory_out=args.inventory_out)
-    if args.json:
-        console.print_json(_state_json(state))
-        return 0
-    console.table(None, ["host", "address", "GPUs"],
-                  [(h.name, h.address, f"{h.gpu_count}× {h.gpu_model}") for h in state.hosts])
-    console.out.print(f"inventory: {state.inventory}", markup=False, highlight=False)
-    console.out.print(f"ssh: ssh -i {state.key} -o UserKnownHostsFile={state.known_hosts} "
-                      f"root@{state.hosts[0].address}", markup=False, highlight=False)
+    show_up(state, json=args.json)
     return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from ernie_deploy.output import console
+    from ernie_deploy.output.lab import show_status
     lab = _lab()
-    statuses = lab.status()
-    if args.json:
-        console.print_json({"dir": str(lab.dir), "running": bool(statuses),
-                            "hosts": [s.__dict__ for s in statuses]})
-        return 0
-    if not statuses:
-        console.out.print(f"no lab is running here ({lab.dir})", markup=False, highlight=False)
-        return 0
-    console.table(f"lab in {lab.dir}", ["host", "address", "state", "pid", "GPUs"],
-                  [(s.name, s.address, s.state, s.pid or "-", f"{s.gpu_count}× {s.gpu_model}")
-                   for s in statuses])
+    show_status(lab.dir, lab.status(), json=args.json)
     return 0
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    from ernie_deploy.output import console
+    from ernie_deploy.output.lab import show_down
     lab = _lab()
-    if lab.down():
-        console.out.print("lab stopped and removed", markup=False, highlight=False)
-    else:
-        console.out.print(f"no lab was running here ({lab.dir})", markup=False, highlight=False)
+    show_down(lab.down(), lab.dir)
     return 0

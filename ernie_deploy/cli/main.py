@@ -1,10 +1,9 @@
 """Command line: the parser, the planning commands (plan, render, explain, inventory) and the one error
-handler. Exit codes are `errors.ExitCode`."""
+handler. Exit codes are `errors.ExitCode`; an error that ends a command exits with its `exit_code`."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from collections.abc import Sequence
@@ -24,8 +23,7 @@ from ernie_deploy.cli.remote import register as register_remote
 from ernie_deploy.cli.run import register as register_run
 from ernie_deploy.cli.status import register as register_status
 from ernie_deploy.errors import DeployError, ExitCode
-
-JSON_SCHEMA = "ernie-deploy/plan/v1"
+from ernie_deploy.output.schemas import PLAN_SCHEMA
 
 log = logging.getLogger("ernie_deploy")
 
@@ -68,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Match each host to the recommended-config table, validate the result the "
                                    "way vLLM would, and show memory estimates and findings with fixes.")
     _common(p)
-    p.add_argument("--json", action="store_true", help="machine-readable output (schema ernie-deploy/plan/v1)")
+    p.add_argument("--json", action="store_true", help=f"machine-readable output (schema {PLAN_SCHEMA})")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("render", help="write the systemd units and env files of every host to a directory",
@@ -124,22 +122,14 @@ def _plans(args: argparse.Namespace) -> list[HostPlan]:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from ernie_deploy.output import console
-    from ernie_deploy.output.report import show_plans
+    from ernie_deploy.output.report import show_plan_command
     plans = _plans(args)
-    if args.json:
-        console.print_json({"schema": JSON_SCHEMA, "ok": all(p.ok for p in plans),
-                            "hosts": [p.to_json() for p in plans]})
-    else:
-        show_plans(plans, verbose=args.verbose > 0)
-        bad = [p.name for p in plans if not p.ok]
-        summary = f"{len(plans)} host(s), {len(bad)} with errors" + (f": {', '.join(bad)}" if bad else "")
-        console.out.print(summary, markup=False)
+    show_plan_command(plans, json=args.json, verbose=args.verbose > 0)
     return ExitCode.OK if all(p.ok for p in plans) else ExitCode.PLAN_ERRORS
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from ernie_deploy.output import console
+    from ernie_deploy.output.report import show_render
     from ernie_deploy.planning.render import environment_for_templates, render_hosts, templates_dir
     plans = _plans(args)
     env = environment_for_templates(templates_dir(args.templates))
@@ -148,14 +138,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     written = []
     for host, files in rendered.items():
         written += _write_host(args.output, host, files)
-    if args.json:
-        console.print_json({"schema": "ernie-deploy/render/v1", "written": written,
-                            "failed": {h: str(e) for h, e in failed.items()}})
-    else:
-        for path in written:
-            console.out.print(f"wrote {path}", markup=False)
-        for exc in failed.values():
-            console.err.print(f"error: {exc}", markup=False)
+    show_render(written, failed, json=args.json)
     return ExitCode.PLAN_ERRORS if failed else ExitCode.OK
 
 
@@ -166,31 +149,25 @@ def _write_host(out: Path, host: str, files: list[RenderedFile]) -> list[str]:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from ernie_deploy.output import console
-    from ernie_deploy.output.report import show_explain, show_plans
+    from ernie_deploy.output.report import show_explain_command
     from ernie_deploy.planning.plan import plan_hosts
     inventory, ctx = _load(args)
     if args.host not in inventory.hosts:
         raise DeployError(f"no host {args.host!r} in the inventory", where=str(args.inventory),
                           hint="run `ernie-deploy inventory -i INV --graph` to list the hosts")
     (plan,) = plan_hosts([inventory.hosts[args.host]], ctx)
-    if args.json:
-        console.print_json({"schema": JSON_SCHEMA, **plan.to_json()})
-    else:
-        show_explain(plan)
-        show_plans([plan], verbose=True)
+    show_explain_command(plan, json=args.json)
     return ExitCode.OK if plan.ok else ExitCode.PLAN_ERRORS
 
 
 def cmd_inventory(args: argparse.Namespace) -> int:
     from ernie_deploy.inventory.inventory import load_inventory
+    from ernie_deploy.output.inventory import show_ansible_json, show_graph
     inventory = load_inventory(args.inventory)
     if args.graph:
-        sys.stdout.write(inventory.graph(args.graph, with_vars=args.vars) + "\n")
-        return ExitCode.OK
-    data = inventory.ansible_list() if args.list else inventory.ansible_host(args.host)
-    # ansible-inventory's JSON: 4-space indent, sorted keys.
-    sys.stdout.write(json.dumps(data, indent=4, sort_keys=True) + "\n")
+        show_graph(inventory.graph(args.graph, with_vars=args.vars))
+    else:
+        show_ansible_json(inventory.ansible_list() if args.list else inventory.ansible_host(args.host))
     return ExitCode.OK
 
 
@@ -205,8 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DeployError as exc:
         if args.verbose >= 3:
             log.exception("error")
-        console.err.print(f"error: {exc}", markup=False, highlight=False)
-        return ExitCode.INPUT
+        console.error(exc)
+        return exc.exit_code
     except KeyboardInterrupt:
-        console.err.print("interrupted", markup=False)
+        console.note("interrupted")
         return ExitCode.INTERRUPTED

@@ -1,4 +1,5 @@
-"""`ernie-deploy provision`: thin: options, run the provisioner, print per-host results, exit code."""
+"""`ernie-deploy provision`: thin: options, run the provisioner, hand its results to output/provision.py, exit
+code."""
 
 from __future__ import annotations
 
@@ -6,9 +7,8 @@ import argparse
 from dataclasses import replace
 from typing import Any
 
-from ernie_deploy.cli.remote import connector, fleet_options, host_error, say_stopped, ssh_options, targets
-
-SCHEMA = "ernie-deploy/provision/v1"
+from ernie_deploy.cli.remote import connector, fleet_options, ssh_options, targets
+from ernie_deploy.output.schemas import PROVISION_SCHEMA
 
 
 def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
@@ -37,15 +37,18 @@ def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
                         "uplink")
     p.add_argument("--lock-wait", type=float, default=0.0, metavar="S", help="wait up to S seconds for a held lock")
     p.add_argument("--any-errors-fatal", action="store_true", help="stop touching other hosts after a failure")
-    p.add_argument("--json", action="store_true", help=f"machine-readable results (schema {SCHEMA})")
+    p.add_argument("--json", action="store_true", help=f"machine-readable results (schema {PROVISION_SCHEMA})")
     p.set_defaults(func=cmd_provision)
 
 
 def cmd_provision(args: argparse.Namespace) -> int:
+    from ernie_deploy.orchestration.details import ProvisionReport
     from ernie_deploy.orchestration.fleet import Fleet
-    from ernie_deploy.orchestration.provision import Provisioner, ProvisionOptions, Report
+    from ernie_deploy.orchestration.provision import Provisioner, ProvisionOptions
     from ernie_deploy.orchestration.results import exit_code
     from ernie_deploy.output import console
+    from ernie_deploy.output.provision import show_provision
+    from ernie_deploy.output.remote import say_stopped
     from ernie_deploy.planning.provisioning import parse_rate
     rate = parse_rate(args.bwlimit)
     _, ctx, hosts = targets(args)
@@ -60,23 +63,6 @@ def cmd_provision(args: argparse.Namespace) -> int:
     results = [r.result for r in runs]
     code = exit_code(results, fleet.signal)
     say_stopped(fleet.signal)
-    reports = {r.host.name: r.data.get("provision") or Report() for r in runs}
-    if args.json:
-        console.print_json({"schema": SCHEMA, "check": args.check, "exit_code": code, "hosts": {
-            r.host: {"status": r.status.value, "error": r.message or None, "hint": r.hint,
-                     "commands": r.commands, "seconds": round(r.seconds, 3), **reports[r.host].to_json()}
-            for r in results}})
-        return code
-    for r in results:
-        console.out.print(f"{r.host}: {r.status.value}", markup=False, highlight=False)
-        for a in reports[r.host].actions:
-            console.out.print(f"    {a['step']}: {a['status']}: {a['detail']}", markup=False, highlight=False)
-        error = host_error(r)
-        if error:
-            console.out.print(f"    {error}", markup=False, highlight=False)
-    console.out.print("\nRECAP", markup=False)
-    for r in results:
-        changed = sum(1 for a in reports[r.host].actions if a["status"] in ("changed", "would change"))
-        console.out.print(f"{r.host:<26} : {r.status.value:<12} changed={changed:<3} commands={r.commands}",
-                          markup=False, highlight=False)
+    reports = {r.host.name: r.result.detail_of(ProvisionReport) for r in runs}
+    show_provision(results, reports, code, check=args.check, json=args.json)
     return code

@@ -1,12 +1,11 @@
 """Commands that talk to hosts: deploy, restart, rollback, releases, verify, facts, lock. Thin: parse options,
-run, print, exit code."""
+run, hand the results to output/remote.py, exit code."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import logging
-import signal
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,13 +54,12 @@ def fleet_options(args: argparse.Namespace) -> FleetOptions:
 
 
 def connector(args: argparse.Namespace) -> Connector:
-    from ernie_deploy.output import console
+    from ernie_deploy.output.remote import say_accept_new
     from ernie_deploy.remote.ssh import connect
     policy = HostKeyPolicy(args.host_key_policy)
     if policy is HostKeyPolicy.ACCEPT_NEW:
         log.warning("host key policy accept-new: unknown host keys will be recorded")
-        dry = " (check mode: it only says what it would record)" if getattr(args, "check", False) else ""
-        console.err.print("warning: --host-key-policy accept-new records unknown host keys" + dry, markup=False)
+        say_accept_new(getattr(args, "check", False))
     # Check mode changes nothing, the controller's known_hosts included.
     return partial(connect, policy=policy, timeout=args.connect_timeout, record=not getattr(args, "check", False))
 
@@ -198,18 +196,11 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 def _finish(args: argparse.Namespace, name: str, results: list[HostResult], stopped_by: int | None,
             report: Report) -> int:
     from ernie_deploy.orchestration.results import exit_code
-    from ernie_deploy.output import console
-    from ernie_deploy.output.jsonout import results_document as document
-    from ernie_deploy.output.recap import show_recap, show_results, show_rollout
+    from ernie_deploy.output.remote import say_stopped, show_outcome
     code = exit_code(results, stopped_by)
     say_stopped(stopped_by)
     rollout.write_timeline(args, report, f"ernie-deploy {name}")
-    if args.json:
-        console.print_json(document(name, results, code, check=args.check, rollout=rollout.report_json(report)))
-    else:
-        show_results(results, verbose=args.verbose)
-        show_rollout(report, results)
-        show_recap(results)
+    show_outcome(name, results, code, report, json=args.json, check=args.check, verbose=args.verbose)
     return code
 
 
@@ -243,27 +234,10 @@ def cmd_releases(args: argparse.Namespace) -> int:
     from ernie_deploy.orchestration.fleet import Fleet
     from ernie_deploy.orchestration.hosts import list_releases
     from ernie_deploy.orchestration.results import exit_code
-    from ernie_deploy.output import console
+    from ernie_deploy.output.remote import show_releases
     _, ctx, hosts = targets(args)
     listed = list_releases(Fleet(connector(args), fleet_options(args)), ctx, hosts)
-    if args.json:
-        console.print_json({"schema": "ernie-deploy/releases/v1", "hosts": {
-            r.host: {"error": host_error(r), "current": now,
-                     "releases": [{"id": x.id, "time": x.time, "user": x.user, "command": x.command,
-                                   "changed": list(x.changed), "files": x.files} for x in kept]}
-            for r, kept, now in listed}})
-    else:
-        for r, kept, now in listed:
-            if r.finished:
-                console.out.print(host_error(r) or r.host, markup=False)
-                continue
-            console.out.print(f"{r.host}: {len(kept)} release(s) kept" + ("" if now else
-                              "; the installed files match none of them"), markup=False)
-            for x in kept:
-                changed = ", ".join(p.rsplit("/", 1)[1] for p in x.changed) or "nothing"
-                mark = "  (current)" if x.id == now else ""
-                console.out.print(f"    {x.id}  {x.time}  {x.user}  {x.command}  changed: {changed}{mark}",
-                                  markup=False)
+    show_releases(listed, json=args.json)
     return exit_code([r for r, _, _ in listed])
 
 
@@ -272,8 +246,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from ernie_deploy.orchestration.results import exit_code
     from ernie_deploy.orchestration.verify import Verifier
     from ernie_deploy.output import console
-    from ernie_deploy.output.jsonout import results_document as document
-    from ernie_deploy.output.recap import show_checks, show_recap
+    from ernie_deploy.output.remote import say_stopped, show_verify
     _, ctx, hosts = targets(args)
     exp = playbook_checks(args.playbook)
     verifier = Verifier(ctx, connector(args), fleet_options(args), expectations=exp)
@@ -284,11 +257,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     say_stopped(verifier.stopped_by)
     if args.junit:
         args.junit.write_text(to_junit({r.host: r.checks or [_unreached(r)] for r in results}))
-    if args.json:
-        console.print_json(document("verify", results, code))
-    else:
-        show_checks(results, verbose=args.verbose)
-        show_recap(results)
+    show_verify(results, code, json=args.json, verbose=args.verbose)
     return code
 
 
@@ -299,21 +268,9 @@ def playbook_checks(path: Path | None) -> Expectations:
     return load_playbook(path).expectations() if path is not None else Expectations()
 
 
-def say_stopped(signum: int | None) -> None:
-    from ernie_deploy.output import console
-    if signum is not None:
-        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-        console.err.print(f"interrupted ({name}): no new host was started, every lock taken was released; "
-                          "each host's result follows", markup=False)
-
-
 def _unreached(r: HostResult) -> CheckResult:
     from ernie_deploy.checks.result import CheckResult
     return CheckResult("host", "fail", f"{r.status.value}: {r.message}", fix=r.hint)
-
-
-def host_error(r: HostResult) -> str | None:
-    return None if not r.finished else f"{r.host}: {r.message}" + (f"\n  fix: {r.hint}" if r.hint else "")
 
 
 def _driver(host: Host, facts: HostFacts) -> tuple[str, DriverVerdict] | None:
@@ -331,38 +288,12 @@ def _driver(host: Host, facts: HostFacts) -> tuple[str, DriverVerdict] | None:
 def cmd_facts(args: argparse.Namespace) -> int:
     from ernie_deploy.orchestration.fleet import Fleet
     from ernie_deploy.orchestration.hosts import gather_facts
-    from ernie_deploy.output import console
+    from ernie_deploy.output.remote import show_facts
     _, ctx, hosts = targets(args)
     fleet = Fleet(connector(args), fleet_options(args))
     results = gather_facts(fleet, ctx, hosts)
     drivers = {r.host: _driver(h, f) if f else None for h, (r, f) in zip(hosts, results, strict=True)}
-    if args.json:
-        def driver_json(host: str) -> dict[str, object] | None:
-            found = drivers[host]
-            return None if found is None else {"vllm": found[0], "ok": found[1].ok, "summary": found[1].summary}
-
-        # v2: each host's driver check against the vLLM it runs or pins (docs/drivers.md).
-        console.print_json({"schema": "ernie-deploy/facts/v2",
-                            "hosts": {r.host: {"facts": f.to_json() if f else None, "error": host_error(r),
-                                               "driver_check": driver_json(r.host)}
-                                      for r, f in results}})
-    else:
-        for r, facts in results:
-            if facts is None:
-                console.out.print(host_error(r) or r.host, markup=False)
-                continue
-            gpus = f"{len(facts.gpus)} × {facts.gpus[0].name} ({facts.gpus[0].memory_mib} MiB, driver " \
-                   f"{facts.gpus[0].driver})" if facts.gpus else f"no GPUs ({facts.gpu_error})"
-            link = {True: "NVLink", False: "PCIe only", None: "n/a"}[facts.nvlink]
-            arch = (facts.model_config or {}).get("architectures") or facts.model_error
-            console.out.print(f"{r.host}: {gpus}, {link}; systemd {facts.systemd_version}; vLLM "
-                              f"{facts.vllm_version or facts.vllm_error}; model {arch}", markup=False)
-            found = drivers[r.host]
-            if found is not None:
-                console.out.print(f"    {found[1].summary}", markup=False)
-            for unit in facts.units.values():
-                console.out.print(f"    {unit.name}: {unit.active_state}/{unit.sub_state} pid {unit.main_pid} "
-                                  f"restarts {unit.n_restarts}", markup=False)
+    show_facts(results, drivers, json=args.json)
     return ExitCode.UNREACHABLE if any(r.finished for r, _ in results) else ExitCode.OK
 
 
@@ -370,9 +301,8 @@ def cmd_lock(args: argparse.Namespace) -> int:
     from ernie_deploy.orchestration.fleet import Fleet
     from ernie_deploy.orchestration.hosts import lock_state
     from ernie_deploy.orchestration.results import exit_code
-    from ernie_deploy.output import console
+    from ernie_deploy.output.remote import show_locks
     _, _, hosts = targets(args)
     results = lock_state(Fleet(connector(args), fleet_options(args)), hosts, break_=args.break_, force=args.force)
-    for r, state in results:
-        console.out.print(f"{r.host}: {host_error(r) or state}", markup=False)
+    show_locks(results)
     return exit_code([r for r, _ in results])

@@ -15,6 +15,8 @@ if TYPE_CHECKING:
 
 def add_options(p: argparse.ArgumentParser, *, default_serial: str | None, rollback: bool = True,
                 instance: bool = False) -> None:
+    from ernie_deploy.playbook.actions import ACTIONS
+    knobs = ACTIONS["rolling"].args  # the playbook's rolling tasks take the same knobs, with the same defaults
     g = p.add_argument_group("rollout", "batches, drain and the readiness gate (docs/rolling.md, docs/hooks.md)")
     g.add_argument("--serial", metavar="S", default=default_serial,
                    help="hosts per batch, like Ansible's serial: a count, N%%, or a list such as 1,2,50%% (the "
@@ -29,11 +31,12 @@ def add_options(p: argparse.ArgumentParser, *, default_serial: str | None, rollb
                    help="run on the controller before an instance is stopped (take it out of the load balancer); "
                         "ERNIE_* variables say which; non-zero exit stops the rollout")
     g.add_argument("--post-ready", metavar="CMD", help="run after an instance passed the readiness gate (put it back)")
-    g.add_argument("--hook-timeout", type=float, default=60.0, metavar="S", help="longest a hook may run")
-    g.add_argument("--idle-timeout", type=float, default=60.0, metavar="S",
+    g.add_argument("--hook-timeout", type=float, default=knobs["hook_timeout"].default, metavar="S",
+                   help="longest a hook may run")
+    g.add_argument("--idle-timeout", type=float, default=knobs["idle_timeout"].default, metavar="S",
                    help="wait up to S seconds after the pre-drain hook for vLLM's running + waiting requests to "
                         "reach 0 (vllm_drain_timeout stays vLLM's own --shutdown-timeout)")
-    g.add_argument("--gpu-release-timeout", type=float, default=120.0, metavar="S",
+    g.add_argument("--gpu-release-timeout", type=float, default=knobs["gpu_release_timeout"].default, metavar="S",
                    help="wait up to S seconds after a stop for the instance's GPUs to be free")
     g.add_argument("--parallel-instances", action="store_true",
                    help="restart all of a host's instances at once instead of one at a time")
@@ -80,8 +83,3 @@ def write_timeline(args: argparse.Namespace, report: Report, title: str) -> None
     from ernie_deploy.output import timeline
     if args.timeline is not None:
         timeline.write(report.timeline, args.timeline, title)
-
-
-def report_json(report: Report) -> dict[str, object]:
-    return {"batches": report.batches, "done": [k + 1 for k in report.done], "stopped": report.stopped or None,
-            "refused": report.refused, "resumed": report.resumed}

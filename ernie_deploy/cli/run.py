@@ -9,8 +9,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ernie_deploy.cli.remote import connector, say_stopped, ssh_options, targets
+from ernie_deploy.cli.remote import connector, ssh_options, targets
 from ernie_deploy.errors import ConfigError, DeployError, ExitCode, InventoryError
+from ernie_deploy.output.schemas import RUN_SCHEMA
 
 if TYPE_CHECKING:
     from ernie_deploy.inventory.inventory import Host, Inventory
@@ -18,16 +19,15 @@ if TYPE_CHECKING:
     from ernie_deploy.orchestration.transport import Progress
     from ernie_deploy.playbook.schema import Play, Playbook, Task
 
-SCHEMA = "ernie-deploy/run/v1"
-
 
 def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
-    from ernie_deploy.playbook.actions import ACTION_NAMES
+    from ernie_deploy.playbook.actions import ACTIONS
+    skipped = sorted(name for name, action in ACTIONS.items() if not action.runs_in_check)
     p = sub.add_parser("run", help="run a playbook: plays of provision, converge, rolling, verify and more",
                        description="Read PLAYBOOK (a list of plays: hosts, vars, serial, canary, "
                                    "max_fail_percentage, any_errors_fatal, tags, tasks) and check all of it "
                                    "before any host is contacted; then run each play's tasks in order across "
-                                   "its hosts. Actions: " + ", ".join(ACTION_NAMES) + ". Restarts happen only where "
+                                   "its hosts. Actions: " + ", ".join(ACTIONS) + ". Restarts happen only where "
                                    "something changed unless a task says `always: true`. See "
                                    "docs/playbooks.md and playbooks/site.yml. Exit codes: 0 ok, 2 a host "
                                    "failed, 4 unreachable, 5 bad playbook or input, 6 locked, 130 interrupted.")
@@ -39,15 +39,15 @@ def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
                         "with its action's name too")
     p.add_argument("--skip-tags", action="append", default=[], metavar="T", help="leave out tasks with these tags")
     p.add_argument("-C", "--check", action="store_true",
-                   help="change nothing: changing tasks say what they would do; command, hook, pause and "
-                        "wait_ready tasks are skipped")
+                   help="change nothing: changing tasks say what they would do; " + ", ".join(skipped[:-1])
+                        + f" and {skipped[-1]} tasks are skipped")
     p.add_argument("-D", "--diff", action="store_true", help="show unified diffs of files (secrets as [REDACTED])")
     p.add_argument("--allow-commands", action="store_true",
                    help="allow the playbook's `command` tasks (arbitrary commands as root on the hosts)")
     p.add_argument("--lock-wait", type=float, default=0.0, metavar="S", help="wait up to S seconds for a held lock")
     p.add_argument("--templates", type=Path, metavar="DIR", help="your own vllm.service.j2 / vllm.env.j2")
     p.add_argument("--list-tasks", action="store_true", help="list the plays and tasks that would run, then stop")
-    p.add_argument("--json", action="store_true", help=f"machine-readable results (schema {SCHEMA})")
+    p.add_argument("--json", action="store_true", help=f"machine-readable results (schema {RUN_SCHEMA})")
     p.set_defaults(func=cmd_run)
 
 
@@ -71,8 +71,8 @@ def read(path: Path, inventory: Inventory, tags: Sequence[str], skip: Sequence[s
 def cmd_run(args: argparse.Namespace) -> int:
     from ernie_deploy.orchestration.playrun import PlaybookRunner, RunOptions
     from ernie_deploy.orchestration.results import exit_code
-    from ernie_deploy.output import console
-    from ernie_deploy.output.jsonout import host_json
+    from ernie_deploy.output.remote import say_stopped
+    from ernie_deploy.output.run import confirm, show_run, show_tasks
     inventory, ctx, _ = targets(args)
     book = read(args.playbook, inventory, _split(args.tags), _split(args.skip_tags))
     tasks = [(p, t) for p in book.plays for t in p.tasks]
@@ -91,113 +91,43 @@ def cmd_run(args: argparse.Namespace) -> int:
                           "terminal to ask on", where=str(args.playbook),
                           hint="run it from a terminal, or use `pause: {seconds: N}` in unattended runs")
     if args.list_tasks:
-        for play in book.plays:
-            console.out.print(f"play {play.name!r} (hosts: {play.hosts})", markup=False, highlight=False)
-            for t in play.tasks:
-                console.out.print(f"    {t.name}  [{t.action}]  tags: {', '.join(sorted(t.tags))}", markup=False,
-                                  highlight=False)
+        show_tasks(book)
         return ExitCode.OK
     options = RunOptions(base_dir=args.inventory.resolve().parent, check=args.check, diff=args.diff,
                          forks=args.forks, lock_wait=args.lock_wait, known_hosts=tuple(args.known_hosts),
                          templates=args.templates, limit=args.limit,
                          command=f"ernie-deploy run {args.playbook.name}" + (" --check" if args.check else ""))
     runner = PlaybookRunner(inventory, ctx, connector(args), options, _starter(args), _finished(args),
-                            confirm=_confirm if interactive else None)
+                            confirm=confirm if interactive else None)
     records = runner.run(book)
     results = [r for rec in records for r in rec.results]
     code = exit_code(results, runner.stopped_by)
     if code == ExitCode.OK and runner.ended:
         code = ExitCode.FAILED
     say_stopped(runner.stopped_by)
-    hosts = _hosts(records)
-    if args.json:
-        console.print_json({"schema": SCHEMA, "playbook": str(args.playbook), "check": args.check,
-                            "exit_code": code, "ended": runner.ended,
-                            "tasks": [{"play": rec.play, "task": rec.task.name, "action": rec.task.action,
-                                       "where": rec.task.where, "note": rec.note or None,
-                                       "hosts": [host_json(r) for r in rec.results]} for rec in records],
-                            "recap": {h: _counts(records, h) for h in hosts}})
-        return code
-    if runner.ended:
-        console.out.print(f"[bold red]stopped:[/] {runner.ended}", markup=True, highlight=False)
-    console.out.print("\nPLAY RECAP " + "*" * 69, markup=False)
-    for host in hosts:
-        c = _counts(records, host)
-        console.out.print(f"{host:<26} : ok={c['ok']:<4} changed={c['changed']:<4} unreachable={c['unreachable']:<4} "
-                          f"failed={c['failed']:<4} skipped={c['skipped']:<4}", markup=False, highlight=False)
+    show_run(args.playbook, records, code, runner.ended, check=args.check, json=args.json)
     return code
-
-
-def _hosts(records: Sequence[TaskRun]) -> list[str]:
-    seen: dict[str, None] = {}
-    for rec in records:
-        for r in rec.results:
-            seen.setdefault(r.host, None)
-    return list(seen)
-
-
-def _counts(records: Sequence[TaskRun], host: str) -> dict[str, int]:
-    """Ansible's recap columns, counted in tasks: ok (ran fine, changed or not), changed, failed, ..."""
-    from ernie_deploy.orchestration.results import Status
-    c = dict.fromkeys(("ok", "changed", "unreachable", "failed", "skipped"), 0)
-    for rec in records:
-        for r in rec.results:
-            if r.host != host:
-                continue
-            if r.status in (Status.OK, Status.CHANGED):
-                c["ok"] += 1
-            c["changed"] += r.status is Status.CHANGED
-            c["unreachable"] += r.status is Status.UNREACHABLE
-            c["failed"] += r.status in (Status.FAILED, Status.LOCKED)
-            c["skipped"] += r.status is Status.SKIPPED
-    return c
 
 
 def _starter(args: argparse.Namespace) -> Any:
     from ernie_deploy.output import console
+    from ernie_deploy.output.run import show_header
 
     @contextlib.contextmanager
     def start(play: Play, task: Task, hosts: Sequence[Host]) -> Iterator[Progress]:
         if not args.json:
-            _header(args, play.name, task)
+            show_header(play.name, task, check=args.check)
         with console.HostProgress(task.name) as progress:
             yield progress.update
 
     return start
 
 
-def _header(args: argparse.Namespace, play: str, task: Task) -> None:
-    from ernie_deploy.output import console
-    console.out.print(f"\nTASK [{play} : {task.name}] ({task.action})" + (" (check mode)" if args.check else ""),
-                      markup=False, highlight=False)
-
-
 def _finished(args: argparse.Namespace) -> Any:
-    from ernie_deploy.output import console
-    from ernie_deploy.output.recap import show_checks, show_results, show_rollout
+    from ernie_deploy.output.run import show_task
+
     def show(rec: TaskRun) -> None:
-        # Printed as each task ends, so a long playbook shows its progress as it goes.
-        if args.json:
-            return
-        if rec.note:
-            _header(args, rec.play, rec.task)
-            console.out.print(f"[cyan]skipped[/]: {rec.note}", markup=True, highlight=False)
-            return
-        if rec.task.action in ("verify", "gpu_check"):
-            show_checks(rec.results, args.verbose)
-        else:
-            show_results(rec.results, args.verbose)
-        if rec.report is not None:
-            show_rollout(rec.report, rec.results)
+        if not args.json:
+            show_task(rec, check=args.check, verbose=args.verbose)
 
     return show
-
-
-def _confirm(prompt: str) -> bool:
-    from ernie_deploy.output import console
-    console.err.print(f"{prompt} [Enter to continue, Ctrl-C to stop] ", markup=False, end="")
-    try:
-        input()
-    except EOFError:
-        return False
-    return True

@@ -7,13 +7,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ernie_deploy.cli.remote import connector, fleet_options, host_error, say_stopped, ssh_options, targets
+from ernie_deploy.cli.remote import connector, fleet_options, ssh_options, targets
 from ernie_deploy.errors import DeployError, ExitCode
+from ernie_deploy.output.schemas import STATUS_SCHEMA
 
 if TYPE_CHECKING:
     from ernie_deploy.orchestration.transport import Transport
-
-SCHEMA = "ernie-deploy/status/v1"
 
 
 def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
@@ -29,7 +28,7 @@ def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
     common(p)
     ssh_options(p)
     p.add_argument("--templates", type=Path, metavar="DIR", help="the templates deploy used (as for deploy)")
-    p.add_argument("--json", action="store_true", help=f"machine-readable output (schema {SCHEMA})")
+    p.add_argument("--json", action="store_true", help=f"machine-readable output (schema {STATUS_SCHEMA})")
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("logs", help="an instance's journal: its current run (or the one before with --previous)",
@@ -50,6 +49,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     from ernie_deploy.orchestration.results import exit_code
     from ernie_deploy.orchestration.status import StatusReader
     from ernie_deploy.output import console
+    from ernie_deploy.output.remote import say_stopped
+    from ernie_deploy.output.status import show_status
     _, ctx, hosts = targets(args)
     fleet = Fleet(connector(args), fleet_options(args))
     reader = StatusReader(ctx, fleet, args.templates)
@@ -58,33 +59,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         results = reader.run(hosts)
     code = exit_code(results, fleet.signal)
     say_stopped(fleet.signal)
-    if args.json:
-        console.print_json({"schema": SCHEMA, "exit_code": code, "hosts": {
-            r.host: {"error": None if r.host in reader.reports else host_error(r) or r.message,
-                     **(reader.reports[r.host].to_json() if r.host in reader.reports else {})} for r in results}})
-        return code
-    for r in results:
-        report = reader.reports.get(r.host)
-        if report is None:
-            console.out.print(host_error(r) or f"{r.host}: {r.message}", markup=False, highlight=False)
-            for f in r.findings:
-                console.out.print(f"    {f.severity.value} [{f.code}] {f.message}", markup=False, highlight=False)
-            continue
-        last = report.last_change
-        changed = f"{last['time']} {last['user']} {last['command']} ({last['action']})" if last else "none recorded"
-        console.out.print(f"{r.host}: vLLM {report.vllm or '?'}, release {report.release or '(none matches)'}, "
-                          f"last change {changed}, lock {report.lock or 'free'}", markup=False, highlight=False)
-        for inst in report.instances:
-            up = f"up {inst['uptime_s']:.0f}s" if inst["uptime_s"] is not None else "not up"
-            console.out.print(f"    {inst['unit']}: {inst['state']} pid {inst['pid']} {up} restarts "
-                              f"{inst['restarts']} health {inst['health'] or '-'} (GPUs "
-                              f"{','.join(map(str, inst['gpus']))}, port {inst['port']})", markup=False,
-                              highlight=False)
-        for d in report.drift:
-            console.out.print(f"    drift [{d.kind}] {d.message}", markup=False, highlight=False)
-            console.out.print(f"      fix: {d.fix}", markup=False, highlight=False)
-        if not report.drift:
-            console.out.print("    no drift", markup=False)
+    show_status(results, reader.reports, code, json=args.json)
     return code
 
 
@@ -112,22 +87,19 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def _show_logs(args: argparse.Namespace, session: Transport, unit: str) -> int:
-    from ernie_deploy.output import console
+    from ernie_deploy.output.status import show_log_header, show_log_lines
     from ernie_deploy.remote import logs
     r = session.run(logs.logs_command(unit, args.lines, args.previous))
     if r.code != 0:
         raise DeployError(f"{unit}: {r.stderr.decode(errors='replace').strip() or f'exit {r.code}'}",
                           where=args.host, hint="ernie-deploy status -i INV --limit HOST shows its state")
     invocation, lines, cursor = logs.split(r.text)
-    console.err.print(f"{args.host} {unit}, run {invocation}" + (" (the previous one)" if args.previous else ""),
-                      markup=False)
-    for line in lines:
-        console.verbatim(line + "\n")
+    show_log_header(args.host, unit, invocation, previous=args.previous)
+    show_log_lines(lines)
     while args.follow:
         time.sleep(1.0)
         r = session.run(logs.logs_command(unit, args.lines, args.previous, cursor))
         _, lines, after = logs.split(r.text)
         cursor = after or cursor
-        for line in lines:
-            console.verbatim(line + "\n")
+        show_log_lines(lines)
     return ExitCode.OK

@@ -22,8 +22,9 @@ import yaml
 from ernie_deploy.errors import InventoryError
 from ernie_deploy.export.program import host_program
 from ernie_deploy.planning.batches import SerialItem
-from ernie_deploy.planning.plantypes import HostPlan, InstancePlan
-from ernie_deploy.planning.render import ENV_DIR, UNIT_DIR, RenderedFile
+from ernie_deploy.planning.hostpaths import ENV_DIR, UNIT_DIR, local_url
+from ernie_deploy.planning.plantypes import HostPlan
+from ernie_deploy.planning.render import RenderedFile
 from ernie_deploy.planning.settings import SECRET_VARS, SETTING_TYPES, Secret
 
 ROLE = "roles/ernie_vllm"
@@ -53,12 +54,6 @@ class ExportFile:
     mode: int = 0o644
 
 
-def probe_url(inst: InstancePlan) -> str:
-    """Where the instance answers on its own host (a wildcard bind is reached on loopback)."""
-    host = "127.0.0.1" if inst.host in ("0.0.0.0", "", "::") else inst.host
-    return f"http://[{host}]:{inst.port}" if ":" in host else f"http://{host}:{inst.port}"
-
-
 def env_template(text: str, plan: HostPlan) -> str:
     """A rendered env file (with sentinels for secret values) as a Jinja template for Ansible's `template`:
     literal text stays literal, each sentinel becomes its inventory variable."""
@@ -82,20 +77,19 @@ def host_files(plan: HostPlan, render: Callable[[HostPlan], list[RenderedFile]])
 
 
 def host_vars(plan: HostPlan) -> dict[str, Any]:
-    settings = plan.settings
     return {
         "ernie_vllm_units": [i.unit for i in plan.instances],
         "ernie_vllm_instances": [{
-            "unit": i.unit, "index": i.index, "port": i.port, "url": probe_url(i),
+            "unit": i.unit, "index": i.index, "port": i.port, "url": local_url(i.host, i.port),
             "gpus": ",".join(str(g) for g in i.gpus),
             "tensor_parallel_size": i.tensor_parallel_size, "max_model_len": i.max_model_len,
             "served_model_name": i.served_model_name,
         } for i in plan.instances],
         # Instances sharing GPUs keep each other's processes on them: no "GPUs free" wait there.
-        "ernie_vllm_gpu_wait": not bool(settings["share_gpus"].value),
-        "ernie_vllm_keep_releases": int(settings["keep_releases"].value),
-        "ernie_vllm_startup_budget": float(settings["startup_budget"].value),
-        "ernie_vllm_stable_seconds": float(settings["stable_seconds"].value),
+        "ernie_vllm_gpu_wait": not plan.tuning.share_gpus,
+        "ernie_vllm_keep_releases": plan.tuning.keep_releases,
+        "ernie_vllm_startup_budget": plan.tuning.startup_budget,
+        "ernie_vllm_stable_seconds": plan.tuning.stable_seconds,
         "ernie_vllm_secret_vars": sorted(ENV_SECRET_VAR[k] for k in plan.secrets),
         "ernie_vllm_api_key_var": "vllm_api_key" if "VLLM_API_KEY" in plan.secrets else "",
     }

@@ -27,10 +27,11 @@ from typing import Any
 
 DATA: dict[str, Any] = {}  # replaced by `ernie-deploy export ansible` with the checks' patterns
 
+# Where ernie-deploy keeps its record: `export ansible` writes these lines from planning/hostpaths.py.
 STATE_DIR = "/var/lib/ernie-deploy"
-LOCK_DIR = STATE_DIR + "/lock"
-RELEASES_DIR = STATE_DIR + "/releases"
-PENDING_FILE = STATE_DIR + "/pending"
+LOCK_DIR = "/var/lib/ernie-deploy/lock"
+RELEASES_DIR = "/var/lib/ernie-deploy/releases"
+PENDING_FILE = "/var/lib/ernie-deploy/pending"
 AUDIT_LOG = "/var/log/ernie-deploy/audit.log"
 UNIT_DIR = "/etc/systemd/system"
 ENV_DIR = "/etc/ernie-deploy"

@@ -11,9 +11,10 @@ re-verifies it; units staged but not reached yet get their files back, so nothin
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,14 +27,17 @@ from ernie_deploy.orchestration import hooks, readiness
 from ernie_deploy.orchestration.fleet import Fleet, HostRun
 from ernie_deploy.orchestration.instancecheck import api_key, instance_checks, requests_for
 from ernie_deploy.orchestration.results import Status
+from ernie_deploy.orchestration.steps import Step, StepStatus
 from ernie_deploy.orchestration.timeline import Timeline
 from ernie_deploy.orchestration.transport import Transport
+from ernie_deploy.planning.hostpaths import RELEASES_DIR, local_url
 from ernie_deploy.planning.plantypes import HostPlan, InstancePlan
+from ernie_deploy.playbook.actions import ACTIONS
 from ernie_deploy.remote import converge, http, probe, releases, rolling
-from ernie_deploy.remote.command import Command, Op
 from ernie_deploy.remote.ssh import Failure, RemoteError
-from ernie_deploy.remote.state import RELEASES_DIR
 from ernie_deploy.remote.systemd import UnitState
+
+_ROLLING = ACTIONS["rolling"].args
 
 
 @dataclass(frozen=True)
@@ -41,11 +45,12 @@ class CycleOptions:
     command: str = "deploy"  # deploy | restart | rollback: hooks and the audit log see it
     pre_drain: str | None = None
     post_ready: str | None = None
-    hook_timeout: float = 60.0
-    idle_timeout: float = 60.0  # wait for in-flight requests to reach 0 after the pre-drain hook
-    gpu_timeout: float = 120.0  # wait for an instance's GPUs to be free after its stop
-    parallel_instances: bool = False
-    rollback: bool = True  # restore the previous release of a failed instance (--no-rollback: keep it failed)
+    # The defaults are the playbook's rolling task's (one table for the task, the command line and this).
+    hook_timeout: float = _ROLLING["hook_timeout"].default
+    idle_timeout: float = _ROLLING["idle_timeout"].default  # for in-flight requests to reach 0 after pre-drain
+    gpu_timeout: float = _ROLLING["gpu_release_timeout"].default  # for an instance's GPUs to be free after stop
+    parallel_instances: bool = _ROLLING["parallel_instances"].default
+    rollback: bool = _ROLLING["rollback"].default  # restore the previous release of a failed instance
     health_timeout: float = 0.0  # 0: the host's vllm_startup_budget
     stable: float | None = None  # None: the host's vllm_stable_seconds
     poll: float = 0.5
@@ -98,7 +103,7 @@ def released_instances(session: Transport, release: releases.Release, plan: Host
 
 
 class HostCycle:
-    def __init__(self, fleet: Fleet, run: HostRun, work: Work, opts: CycleOptions, exp: Expectations,
+    def __init__(self, fleet: Fleet, run: HostRun[Any], work: Work, opts: CycleOptions, exp: Expectations,
                  timeline: Timeline, audit: Callable[[str], dict[str, Any]]) -> None:
         assert run.session is not None
         self.fleet, self.run, self.work, self.opts, self.exp = fleet, run, work, opts, exp
@@ -106,6 +111,7 @@ class HostCycle:
         self.timeline = timeline
         self.audit = audit
         self.result = run.result
+        self.change = run.result.changing()
         self.plan = work.plan
         self.started_at = 0.0  # timeline time of the last start, where the load span begins
 
@@ -176,23 +182,27 @@ class HostCycle:
                 self._hook("post-ready", self.opts.post_ready, inst, fail=False)
 
     # -- steps ---------------------------------------------------------------------------------------
-    def _row(self, inst_or_unit: InstancePlan | str) -> str:
-        unit = inst_or_unit if isinstance(inst_or_unit, str) else unit_of(inst_or_unit)
-        return f"{self.plan.name} {unit}"
-
-    def _time(self, unit: str, phase: str, seconds: float) -> None:
-        self.result.timings.setdefault(unit, {})[phase] = round(seconds, 3)
+    @contextlib.contextmanager
+    def _phase(self, name: str, phase: str, units: Sequence[str], since: float | None = None) -> Iterator[Step]:
+        """The one record of a phase: a step of the host (its JSON and timings) that the timeline draws too.
+        `since`: where the phase began on the rollout's clock, when before the step (a load starts with the
+        start command)."""
+        began = self.timeline.now()
+        with self.fleet.step(self.run, name) as step:
+            yield step
+        # Only a phase that ran to its end is drawn and timed; an error leaves a failed step, as any step.
+        step.phase, step.units = phase, tuple(units)
+        step.started, step.ended = began if since is None else since, self.timeline.now()
+        self.timeline.record(self.plan.name, step)
 
     def _hook(self, name: str, shell: str, inst: InstancePlan, fail: bool = True) -> bool:
-        t0 = self.timeline.now()
         self.fleet.progress(self.plan.name, f"{name} hook for {inst.unit}")
-        with self.fleet.step(self.run, f"{name} hook {inst.unit}") as step:
+        with self._phase(f"{name} hook {inst.unit}", "hook", [unit_of(inst)]) as step:
             env = hooks.environment(name, self.opts.command, self.plan, inst, self.work.batch)
             done = hooks.run(name, shell, env, self.opts.hook_timeout)
             step.evidence = [done.summary, *done.output]
             if not done.ok:
-                step.status = "failed"
-        self.timeline.span(self._row(inst), "hook", t0, "ok" if done.ok else "failed")
+                step.status = StepStatus.FAILED
         if not done.ok and fail:
             self.result.fail(Status.FAILED, f"{inst.unit}: {done.summary}",
                              f"fix the {name} hook (its output is in the evidence), then rerun (a rollout of "
@@ -205,12 +215,12 @@ class HostCycle:
     def _wait_idle(self, inst: InstancePlan) -> float:
         """Poll /metrics until running + waiting reach 0, or the idle timeout passes (a warning, not a failure:
         vLLM's --shutdown-timeout still lets the last requests finish on stop)."""
-        t0, start = self.timeline.now(), time.monotonic()
+        start = time.monotonic()
         unit = unit_of(inst)
         self.fleet.progress(self.plan.name, f"draining {inst.unit}")
-        request = http.Request(f"{inst.unit} metrics", f"{http.base_url(inst.host, inst.port)}/metrics", timeout=5)
-        command = Command(Op.METRICS, http.script(), stdin=http.stdin([request], None), check=False, units=(unit,))
-        with self.fleet.step(self.run, f"drain {inst.unit}") as step:
+        request = http.Request(f"{inst.unit} metrics", f"{local_url(inst.host, inst.port)}/metrics", timeout=5)
+        command = rolling.metrics_command(unit, request)
+        with self._phase(f"drain {inst.unit}", "drain", [unit]) as step:
             left: int | None = None
             while True:
                 answer = http.missing(http.parse(self.session.run(command).text), request.id)
@@ -222,7 +232,7 @@ class HostCycle:
             if left == 0:
                 step.evidence = [f"{inst.unit}: 0 requests running or waiting after {waited:.1f}s"]
             else:
-                step.status = "warn"
+                step.status = StepStatus.WARN
                 shown = "unknown (no vLLM metrics)" if left is None else str(left)
                 step.evidence = [f"{inst.unit}: {shown} request(s) still in flight after the idle timeout of "
                                  f"{self.opts.idle_timeout:.0f}s; stopping anyway (vLLM's --shutdown-timeout "
@@ -230,34 +240,29 @@ class HostCycle:
                 self.result.checks.append(CheckResult("drain", "warn", step.evidence[0], instance=inst.unit,
                                                       fix="check that the pre-drain hook takes the instance out "
                                                           "of the load balancer, or raise --idle-timeout"))
-        self.timeline.span(self._row(inst), "drain", t0, "ok" if left == 0 else "warn")
-        self._time(unit, "drain", waited)
         return waited
 
     def _stop_unit(self, unit: str, inst: InstancePlan | None, drained: float) -> None:
-        t0 = self.timeline.now()
         self.fleet.progress(self.plan.name, f"stopping {unit}")
-        with self.fleet.step(self.run, f"stop {unit}") as step:
+        with self._phase(f"stop {unit}", "stop", [unit]) as step:
             audit = {**self.audit("stop"), "unit": unit, "drained_seconds": round(drained, 1)}
             stopped = rolling.parse_stop(self.session.run(rolling.stop_command(unit, audit)).text)
             step.changed = True
             step.evidence = [f"{unit}: {stopped.state or 'stopped'}"]
             if stopped.killed:
-                step.status = "warn"
+                step.status = StepStatus.WARN
                 self.result.checks.append(CheckResult(
                     "stop", "warn", f"{unit}: the process did not stop within TimeoutStopSec and was killed "
                     "(SIGKILL): requests still in flight were cut", instance=unit.removesuffix(".service"),
                     fix="raise vllm_drain_timeout if requests need longer to finish"))
-        self.timeline.span(self._row(unit), "stop", t0, "warn" if stopped.killed else "ok")
-        self._time(unit, "stop", self.timeline.now() - t0)
 
     def _gpus_free(self, group: list[InstancePlan], after_stop: bool = True) -> gpurelease.Release:
         """Wait until every GPU of the group is free; a holder still there at the timeout fails, named by PID."""
-        t0, start = self.timeline.now(), time.monotonic()
+        start = time.monotonic()
         gpus = sorted({g for i in group for g in i.gpus})
         self.fleet.progress(self.plan.name, f"waiting for GPU(s) {','.join(map(str, gpus))} to be released")
         name = " ".join(i.unit for i in group)
-        with self.fleet.step(self.run, f"gpu release {name}") as step:
+        with self._phase(f"gpu release {name}", "gpu-release", [unit_of(i) for i in group]) as step:
             free_since: float | None = None
             while True:
                 verdict = self._gpu_reading(group, gpus)
@@ -276,7 +281,7 @@ class HostCycle:
                 time.sleep(self.opts.poll)
             step.evidence = [f"GPU(s) {','.join(map(str, gpus))}: {verdict.describe()} after {now - start:.1f}s"]
             if not verdict.free:
-                step.status = "failed"
+                step.status = StepStatus.FAILED
                 pids = " ".join(str(h.pid) for h in verdict.holders)
                 self.result.fail(
                     Status.FAILED, f"GPU(s) of {name} not released {now - start:.0f}s after the stop: "
@@ -284,9 +289,6 @@ class HostCycle:
                     (f"an orphan keeps the GPU memory: stop it (kill {pids}), then rerun" if pids else
                      "find what holds the memory (nvidia-smi), free it, then rerun")
                     + " (the instance stays stopped: a start now would fail vLLM's free-memory check)")
-        for inst in group:
-            self.timeline.span(self._row(inst), "gpu-release", t0, "ok" if verdict.free else "failed")
-            self._time(unit_of(inst), "gpu_release", now - start)
         return verdict
 
     def _gpu_reading(self, group: list[InstancePlan], gpus: list[int]) -> gpurelease.Release:
@@ -329,30 +331,22 @@ class HostCycle:
                rolled_back: bool = False) -> list[InstancePlan]:
         """Readiness watch, then every instance check; the instances that failed (the result says why)."""
         plan, result = self.plan, self.result
-        budget = self.opts.health_timeout or float(plan.settings["startup_budget"].value)
-        stable = self.opts.stable if self.opts.stable is not None else float(plan.settings["stable_seconds"].value)
+        budget = self.opts.health_timeout or plan.tuning.startup_budget
+        stable = self.opts.stable if self.opts.stable is not None else plan.tuning.stable_seconds
         failed: list[InstancePlan] = []
         for inst in group:
-            t0 = self.timeline.now()
             self.fleet.progress(plan.name, f"waiting for {inst.unit} to become ready")
-            with self.fleet.step(self.run, f"ready {inst.unit}") as step:
+            # Loading began with the start; it ends where the instance first served, the stability window and
+            # the checks are "ready".
+            with self._phase(f"ready {inst.unit}", "ready", [unit_of(inst)], since=self.started_at) as step:
+                watched = self.timeline.now()
                 ready = readiness.watch(self.session, plan, inst, started=launched[unit_of(inst)], budget=budget,
                                         exp=self.exp, abort=self.fleet.abort, stable=stable, poll=self.opts.poll)
-                step.evidence = [ready.summary]
+                step.evidence, step.restored = [ready.summary], rolled_back
+                if ready.healthy_after is not None:
+                    step.healthy = watched + ready.healthy_after
                 if ready.status != "ready":
-                    step.status = "failed"
-            loaded = t0 + (ready.healthy_after if ready.healthy_after is not None else ready.seconds)
-            status = "ok" if ready.status == "ready" else "failed"
-            # Loading ends where it first served; the stability window and the checks are "ready".
-            healthy = ready.healthy_after is not None
-            self.timeline.span(self._row(inst), "rollback" if rolled_back else "load", self.started_at, status,
-                               end=loaded if healthy else None)
-            if healthy:
-                self.timeline.span(self._row(inst), "ready", loaded, status)
-            key = "rollback_ready" if rolled_back else "ready"
-            self._time(unit_of(inst), key, ready.seconds)
-            if ready.healthy_after is not None and not rolled_back:
-                self._time(unit_of(inst), "load", ready.healthy_after)
+                    step.status = StepStatus.FAILED
             if ready.status != "ready":
                 failed.append(inst)
                 if not rolled_back:
@@ -381,7 +375,7 @@ class HostCycle:
                         result.fail(Status.FAILED, f"{len(bad)} check(s) failed after the start: "
                                     + "; ".join(c.summary for c in bad))
             if failed:
-                step.status = "failed"
+                step.status = StepStatus.FAILED
         return failed
 
     # -- undo ----------------------------------------------------------------------------------------
@@ -390,15 +384,15 @@ class HostCycle:
         """Restore what ran before for `failed` (and, with `restart`, start and re-verify it) and give `later`
         (staged, not reached) their files back. The host stays failed either way; the result says what was
         done. An error while undoing is reported beside the original failure, never instead of it."""
-        work, result = self.work, self.result
+        work, result, rollbacks = self.work, self.result, self.change.rollbacks
         if why:
             result.evidence.append(why)
         if not work.revertible:
             return
         if not self.opts.rollback:
             if failed:
-                result.rollbacks.append("kept as it failed (--no-rollback): "
-                                        + ", ".join(unit_of(i) for i in failed))
+                rollbacks.append("kept as it failed (--no-rollback): "
+                                 + ", ".join(unit_of(i) for i in failed))
             return
         back = {unit_of(i): work.undo_to[unit_of(i)] for i in failed + later if unit_of(i) in work.undo_to}
         stop = tuple(unit_of(i) for i in failed if unit_of(i) in back)
@@ -408,29 +402,29 @@ class HostCycle:
         cause = (result.status, result.message, result.hint)
         t0 = self.timeline.now()
         try:
-            with self.fleet.step(self.run, "roll back") as step:
+            # Its span: the units with nothing to go back to, stopped and disabled (the restored ones are drawn
+            # by their readiness watch).
+            with self._phase("roll back", "rollback", disable) as step:
                 self.session.run(releases.undo_command(back, stop, disable, self.audit("rollback")))
                 step.changed = True
                 unpended = [u for u in back if u not in stop]
                 if unpended:
                     step.evidence.append("files put back (never restarted): " + ", ".join(unpended))
             if disable:
-                result.rollbacks.append(f"{', '.join(disable)}: no earlier release to go back to (first deploy): "
-                                        "stopped and disabled instead of crash-looping")
-            for unit in disable:
-                self.timeline.span(self._row(unit), "rollback", t0, "warn")
+                rollbacks.append(f"{', '.join(disable)}: no earlier release to go back to (first deploy): "
+                                 "stopped and disabled instead of crash-looping")
             if stop and not restart:
-                result.rollbacks.append(f"{', '.join(stop)}: files restored to what ran before; not started (its "
-                                        "GPUs are held)")
+                rollbacks.append(f"{', '.join(stop)}: files restored to what ran before; not started (its "
+                                 "GPUs are held)")
             elif stop:
                 self._restart_restored([i for i in failed if unit_of(i) in stop], back, t0)
         except DeployError as exc:
-            result.rollbacks.append(f"rolling back failed: {exc.message}")
+            rollbacks.append(f"rolling back failed: {exc.message}")
         finally:
             result.status, result.message, result.hint = cause
 
     def _restart_restored(self, failed: list[InstancePlan], back: dict[str, releases.Release], t0: float) -> None:
-        result = self.result
+        rollbacks = self.change.rollbacks
         restored: list[tuple[InstancePlan, releases.Release]] = []
         for release in {back[unit_of(i)].id: back[unit_of(i)] for i in failed}.values():
             self.timeline.mark("rollback", f"{self.plan.name}: back to {release.id}")
@@ -438,8 +432,8 @@ class HostCycle:
             restored += [(i, release) for i in released_instances(self.session, release, self.plan, mine)]
         insts = [i for i, _ in restored]
         if not self._gpus_free(insts).free:
-            result.rollbacks.append(f"{', '.join(unit_of(i) for i in insts)}: files restored, but not started: "
-                                    "its GPUs were not released")
+            rollbacks.append(f"{', '.join(unit_of(i) for i in insts)}: files restored, but not started: "
+                             "its GPUs were not released")
             return
         launched = self._start(insts, first=False)
         self.started_at = t0
@@ -447,4 +441,4 @@ class HostCycle:
         for inst, release in restored:
             verdict = "ready and verified" if inst not in still else \
                 "started, not verified (interrupted)" if self.fleet.abort.is_set() else "failed again"
-            result.rollbacks.append(f"{unit_of(inst)}: rolled back to release {release.id}: {verdict}")
+            rollbacks.append(f"{unit_of(inst)}: rolled back to release {release.id}: {verdict}")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ernie_deploy.checks.expectations import Expectations
+from ernie_deploy.orchestration import audit
 from ernie_deploy.orchestration.cycle import CycleOptions, HostCycle, Work, unit_of
 from ernie_deploy.orchestration.fleet import Fleet, FleetOptions, HostRun
 from ernie_deploy.orchestration.results import HostResult, Status
@@ -29,8 +30,6 @@ from ernie_deploy.orchestration.snapshot import (
     SnapshotOptions,
     down,
     refresh,
-    release_lock,
-    stable_of,
     take,
 )
 from ernie_deploy.orchestration.transport import Connector, Progress, RemoteHost, Transport
@@ -76,14 +75,16 @@ class Runner:
     """One deploy (or check) run over many hosts."""
 
     def __init__(self, ctx: PlanContext, connector: Connector, options: Options,
-                 progress: Progress | None = None, expectations: Expectations | None = None) -> None:
+                 progress: Progress | None = None, expectations: Expectations | None = None,
+                 fleet: Fleet | None = None) -> None:
+        """`fleet`: run on this one (a playbook's task) instead of one of the options' own."""
         self.ctx = ctx
         self.options = options
         self.report = Report()
         self.cycle = dataclasses.replace(options.cycle, health_timeout=options.health_timeout, stable=options.stable,
                                          poll=options.poll)
-        self.fleet = Fleet(connector, FleetOptions(options.forks, options.any_errors_fatal, options.known_hosts),
-                           progress)
+        self.fleet = fleet or Fleet(connector, FleetOptions(options.forks, options.any_errors_fatal,
+                                                            options.known_hosts), progress)
         self.templates = environment_for_templates(templates_dir(options.templates))
         self.lock = lock.LockInfo.mine(options.command)
         self.expectations = expectations or Expectations()
@@ -94,19 +95,17 @@ class Runner:
         return self.fleet.signal
 
     def run(self, hosts: Sequence[RemoteHost]) -> list[HostResult]:
-        opts = self._snapshot_options
-        return drive(self.fleet, hosts, self.options.rollout, lambda run: self._snapshot(run, opts), self._change,
-                     self._down, release_lock, self.report)
+        return drive(self, hosts, self.options.rollout)
 
     @property
     def _snapshot_options(self) -> SnapshotOptions:
         return SnapshotOptions(lock=None if self.options.check else self.lock, lock_wait=self.options.lock_wait,
                                prune=self.options.prune, lock_later=True)
 
-    def _down(self, run: HostRun) -> list[str]:
+    def problems(self, run: HostRun[Snapshot]) -> list[str]:
         """Installed instances of the plan that do not serve now (the rollout pre-flight). A unit staged and never
         started (a playbook's converge before its rolling task) is new, not down."""
-        snap: Snapshot | None = run.data.get("snapshot")
+        snap = run.state
         if snap is None:
             return []
         facts = snap.facts
@@ -115,29 +114,27 @@ class Runner:
                  and facts.units[u].active_state not in converge.RUNNING and not facts.units[u].invocation_id}
         return down(run.host.name, snap, [u for u in units if u not in fresh], installed_only=True)
 
-    def _snapshot(self, run: HostRun, opts: SnapshotOptions) -> None:
-        snap = take(self.fleet, run, self.ctx, self.templates, opts)
-        if snap is not None:
-            run.data["snapshot"] = snap
+    def snapshot(self, run: HostRun[Snapshot]) -> None:
+        run.state = take(self.fleet, run, self.ctx, self.templates, self._snapshot_options)
 
-    def _change(self, run: HostRun, batch: int) -> None:
-        snap: Snapshot | None = run.data.get("snapshot")
+    def change(self, run: HostRun[Snapshot], batch: int) -> None:
+        snap = run.state
         if snap is None:
             return
         opts, result, session = self.options, run.result, run.session
         assert session is not None
         if not opts.check and time.monotonic() - snap.taken > opts.recheck_after:
-            snap = run.data["snapshot"] = refresh(self.fleet, run, snap, opts.prune)
+            snap = run.state = refresh(self.fleet, run, snap, opts.prune)
         if not opts.check and run.lock_token is None and not snap.changes.empty:
             # Read without the lock (nothing to change then) and changed since: lock, and look again.
-            snap = run.data["snapshot"] = refresh(self.fleet, run, snap, opts.prune, lock=self._snapshot_options)
-        changes = snap.changes
-        result.changed_files = [c.path for c in changes.files]
-        result.restarted, result.started = list(changes.restart), list(changes.start)
-        result.enabled, result.pruned, result.reasons = list(changes.enable), list(changes.prune), changes.reasons
-        result.leftover, result.dropins = list(changes.leftover), list(changes.dropins)
+            snap = run.state = refresh(self.fleet, run, snap, opts.prune, lock=self._snapshot_options)
+        changes, done = snap.changes, result.changing()
+        done.changed_files = [c.path for c in changes.files]
+        done.restarted, done.started = list(changes.restart), list(changes.start)
+        done.enabled, done.pruned, done.reasons = list(changes.enable), list(changes.prune), changes.reasons
+        done.leftover, done.dropins = list(changes.leftover), list(changes.dropins)
         if opts.diff and (changes.files or changes.dropins):
-            result.diffs = self._diffs(session, snap)
+            done.diffs = self._diffs(session, snap)
         blocked = self._blocked(snap)
         if blocked is not None:
             message, hint = blocked
@@ -167,20 +164,20 @@ class Runner:
             result.status = Status.CHANGED if changes.files else Status.OK
             result.message = staged + (f"; waiting for a restart: {units}" if units else "") + leftover
             return
-        audit: Callable[[str], dict[str, Any]] = lambda action: self._audit(run, action, changes)  # noqa: E731
+        audited: Callable[[str], dict[str, Any]] = lambda action: self._audit(run, action, changes)  # noqa: E731
         if not work.instances:
             with self.fleet.step(run, "activate") as step:
-                session.run(converge.activate_command(changes, audit("activate")))
+                session.run(converge.activate_command(changes, audited("activate")))
                 step.changed = True
             result.message = "changed" + leftover
             return
-        if not HostCycle(self.fleet, run, work, self.cycle, self.expectations, self.report.timeline, audit).go():
+        if not HostCycle(self.fleet, run, work, self.cycle, self.expectations, self.report.timeline, audited).go():
             return
         result.message = f"changed; every (re)started instance verified{how}" + leftover
 
     def _work(self, snap: Snapshot, batch: int) -> Work:
         changes, facts, plan = snap.changes, snap.facts, snap.plan
-        stable = stable_of(plan)
+        stable = plan.tuning.stable_seconds
         return Work(plan, [i for i in plan.instances if unit_of(i) in changes.units], running=set(changes.restart),
                     serving={u for u in changes.restart if converge.serving_problem(u, facts, stable) is None},
                     whole=converge.moved_gpus(plan, facts), activation=changes, batch=batch,
@@ -221,15 +218,13 @@ class Runner:
         return diffs + [converge.unified_diff(d, old.get(d, ""), "", False, new_label="removed with --prune")
                         for d in changes.dropins]
 
-    def _audit(self, run: HostRun, action: str, changes: converge.Changes) -> dict[str, object]:
-        return {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "user": self.lock.user,
-                "controller": self.lock.controller, "command": self.options.command, "host": run.host.name,
-                "action": action,
-                "files": [{"path": c.path, "old_sha256": c.old_sha256, "new_sha256": c.new_sha256}
-                          for c in changes.files],
-                "restart": list(changes.restart), "start": list(changes.start), "prune": list(changes.prune)}
+    def _audit(self, run: HostRun[Snapshot], action: str, changes: converge.Changes) -> dict[str, object]:
+        return audit.record(self.lock, run.host.name, action,
+                            files=[{"path": c.path, "old_sha256": c.old_sha256, "new_sha256": c.new_sha256}
+                                   for c in changes.files],
+                            restart=list(changes.restart), start=list(changes.start), prune=list(changes.prune))
 
-    def _stage(self, run: HostRun, snap: Snapshot, ran: dict[str, releases.Release]) -> None:
+    def _stage(self, run: HostRun[Snapshot], snap: Snapshot, ran: dict[str, releases.Release]) -> None:
         """Stage the files (recording a release); nothing is restarted."""
         assert run.session is not None
         changes, name = snap.changes, run.host.name
@@ -237,14 +232,14 @@ class Runner:
         if not changes.files:
             return
         self.fleet.progress(name, f"staging {len(changes.files)} file(s)")
-        audit = self._audit(run, "stage", changes)
+        entry = self._audit(run, "stage", changes)
         rid = converge.release_id(snap.files, time.time())
-        release = {**audit, "id": rid, "files": {f.path: f.sha256 for f in snap.files},
+        release = {**entry, "id": rid, "files": {f.path: f.sha256 for f in snap.files},
                    "changed": [c.path for c in changes.files]}
-        keep = max(1, int(snap.plan.settings["keep_releases"].value))
+        keep = max(1, snap.plan.tuning.keep_releases)
         with self.fleet.step(run, "stage") as step:
-            run.session.run(converge.stage_command(snap.files, changes, audit, release, keep,
+            run.session.run(converge.stage_command(snap.files, changes, entry, release, keep,
                                                    tuple(sorted({r.id for r in ran.values()})),
                                                    {u: r.id for u, r in ran.items()}))
             step.changed, step.evidence = bool(changes.files), [f"release {rid}"]
-        run.result.release = rid
+        run.result.changing().release = rid

@@ -18,17 +18,19 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from ernie_deploy.errors import DeployError
-from ernie_deploy.orchestration.results import HostResult, Status, Step
+from ernie_deploy.orchestration.results import HostResult, Status
+from ernie_deploy.orchestration.steps import Step, StepStatus
 from ernie_deploy.orchestration.transport import Connector, Progress, RemoteHost, Transport, target_for
 from ernie_deploy.remote import lock
 from ernie_deploy.remote.ssh import Failure, RemoteError
 
 log = logging.getLogger(__name__)
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+S = TypeVar("S")
 
 
 class LockHeld(DeployError):
@@ -43,12 +45,12 @@ class LockHeld(DeployError):
 
 
 @dataclass
-class HostRun:
+class HostRun(Generic[S]):
     host: RemoteHost
     result: HostResult
     session: Transport | None = None
     lock_token: str | None = None  # set while this run holds the host's deploy lock
-    data: dict[str, Any] = field(default_factory=dict)  # what one phase leaves for the next (snapshot, since)
+    state: S | None = None  # what one phase leaves for the next, typed by the operation (its snapshot, ...)
 
 
 @dataclass(frozen=True)
@@ -66,49 +68,49 @@ class Fleet:
         self.abort = threading.Event()
         self.signal: int | None = None  # the signal that stopped the run (SIGINT for Ctrl-C)
 
-    def run(self, hosts: Sequence[RemoteHost], phases: Sequence[Callable[[HostRun], None]],
-            release: Callable[[HostRun], None] = lambda run: None) -> list[HostRun]:
+    def run(self, hosts: Sequence[RemoteHost], phases: Sequence[Callable[[HostRun[S]], None]],
+            release: Callable[[HostRun[S]], None] = lambda run: None) -> list[HostRun[S]]:
         """An operation: its phases across all hosts in order, then release and close every host; signals
         stop it cleanly at any point."""
 
-        def body(runs: list[HostRun]) -> None:
+        def body(runs: list[HostRun[S]]) -> None:
             for work in phases:
                 self.phase(runs, work)
 
         return self.operate(hosts, body, release)
 
-    def operate(self, hosts: Sequence[RemoteHost], body: Callable[[list[HostRun]], None],
-                release: Callable[[HostRun], None] = lambda run: None) -> list[HostRun]:
+    def operate(self, hosts: Sequence[RemoteHost], body: Callable[[list[HostRun[S]]], None],
+                release: Callable[[HostRun[S]], None] = lambda run: None) -> list[HostRun[S]]:
         """An operation that sequences its own phases (a rollout: batches of hosts), then release and close."""
         with self.signals():
-            runs = [HostRun(h, HostResult(h.name)) for h in hosts]
+            runs: list[HostRun[S]] = [HostRun(h, HostResult(h.name)) for h in hosts]
             try:
                 body(runs)
             finally:
                 self.close(runs, release)
         return runs
 
-    def connect(self, run: HostRun) -> Transport:
+    def connect(self, run: HostRun[Any]) -> Transport:
         if run.session is None:
             self.progress(run.host.name, "connecting")
             with self.step(run, "connect"):
                 run.session = self.connector(target_for(run.host, self.options.known_hosts))
         return run.session
 
-    def step(self, run: HostRun, name: str) -> _StepTimer:
+    def step(self, run: HostRun[Any], name: str) -> _StepTimer:
         return _StepTimer(run.result, name)
 
-    def phase(self, runs: Sequence[HostRun], work: Callable[[HostRun], None]) -> None:
+    def phase(self, runs: Sequence[HostRun[S]], work: Callable[[HostRun[S]], None]) -> None:
         """Run `work` on every unfinished host; returns when all are done (also after Ctrl-C)."""
         todo = [r for r in runs if not r.result.finished]
         if not todo:
             return
         self._each(todo, lambda run: self._guarded(run, work))
 
-    def _each(self, runs: Sequence[HostRun], fn: Callable[[HostRun], None]) -> None:
+    def _each(self, runs: Sequence[HostRun[S]], fn: Callable[[HostRun[S]], None]) -> None:
         """fn on every run, `forks` at a time; returns only when every worker has finished, also after a signal:
         a phase must never return while a worker still changes a host."""
-        todo: queue.SimpleQueue[HostRun] = queue.SimpleQueue()
+        todo: queue.SimpleQueue[HostRun[S]] = queue.SimpleQueue()
         for run in runs:
             todo.put(run)
 
@@ -161,7 +163,7 @@ class Fleet:
     def interrupted(self) -> bool:
         return self.signal is not None
 
-    def _guarded(self, run: HostRun, work: Callable[[HostRun], None]) -> None:
+    def _guarded(self, run: HostRun[S], work: Callable[[HostRun[S]], None]) -> None:
         result = run.result
         started = time.monotonic()
         try:
@@ -190,10 +192,10 @@ class Fleet:
             if self.options.any_errors_fatal and result.status in (Status.FAILED, Status.UNREACHABLE, Status.LOCKED):
                 self.abort.set()
 
-    def close(self, runs: Sequence[HostRun], release: Callable[[HostRun], None]) -> None:
+    def close(self, runs: Sequence[HostRun[S]], release: Callable[[HostRun[S]], None]) -> None:
         """Release what each host holds and close its session; never skipped, never interrupted half-way."""
 
-        def one(run: HostRun) -> None:
+        def one(run: HostRun[S]) -> None:
             if run.session is None:
                 return
             try:
@@ -209,7 +211,7 @@ class Fleet:
         self._each(runs, one)
 
 
-def _message(run: HostRun, exc: DeployError) -> str:
+def _message(run: HostRun[Any], exc: DeployError) -> str:
     """The error's message, naming where it happened when that is not the host itself (a jump host)."""
     where, host = exc.where or run.host.name, run.host.name
     if where == host:
@@ -222,7 +224,7 @@ class _StepTimer:
     """Records one step of a host: its time, and failed when the block raises."""
 
     def __init__(self, result: HostResult, name: str) -> None:
-        self.step = Step(name, "ok")
+        self.step = Step(name)
         self.result = result
         self.started = 0.0
 
@@ -235,4 +237,4 @@ class _StepTimer:
         self.step.seconds = time.monotonic() - self.started
         self.step.ended_at = time.time()
         if kind is not None:
-            self.step.status = "failed"
+            self.step.status = StepStatus.FAILED

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ernie_deploy.errors import DeployError
 from ernie_deploy.orchestration.fleet import Fleet, HostRun
@@ -15,26 +16,26 @@ from ernie_deploy.remote.facts import HostFacts, gather_command, parse_facts
 
 def gather_facts(fleet: Fleet, ctx: PlanContext,
                  hosts: Sequence[RemoteHost]) -> list[tuple[HostResult, HostFacts | None]]:
-    def one(run: HostRun) -> None:
+    def one(run: HostRun[HostFacts]) -> None:
         pre = plan_host(run.host, ctx)
         session = fleet.connect(run)
         with fleet.step(run, "facts"):
-            run.data["facts"] = parse_facts(session.run(gather_command(pre.model_path or "/nonexistent",
+            run.state = parse_facts(session.run(gather_command(pre.model_path or "/nonexistent",
                                                                        pre.bin or "vllm")).text)
 
-    return [(r.result, r.data.get("facts")) for r in fleet.run(hosts, [one])]
+    return [(r.result, r.state) for r in fleet.run(hosts, [one])]
 
 
 def lock_state(fleet: Fleet, hosts: Sequence[RemoteHost], *, break_: bool,
                force: bool = False) -> list[tuple[HostResult, str]]:
     """Each host's lock holder (as described), breaking the lock when asked: a holder that may still run
     (alive on this controller, or on another controller, where its pid cannot be checked) only with force."""
-    def one(run: HostRun) -> None:
+    def one(run: HostRun[str]) -> None:
         session = fleet.connect(run)
         with fleet.step(run, "show lock"):
             text = session.run(lock.SHOW).text.strip()
             info = lock.parse_info(text) if text else None
-            run.data["lock"] = ("lock " + info.describe()) if info else ("no lock" if not text else "lock (unreadable)")
+            run.state = ("lock " + info.describe()) if info else ("no lock" if not text else "lock (unreadable)")
         if not break_ or not text:
             return
         if info is not None and info.liveness() != "dead" and not force:
@@ -44,26 +45,30 @@ def lock_state(fleet: Fleet, hosts: Sequence[RemoteHost], *, break_: bool,
         with fleet.step(run, "break lock") as step:
             session.run(lock.break_command(info.token if info else None))
             step.changed = True
-        run.data["lock"] = "broke " + run.data["lock"]
+        run.state = f"broke {run.state}"
         run.result.status = Status.CHANGED
 
-    return [(r.result, r.data.get("lock", "")) for r in fleet.run(hosts, [one])]
+    return [(r.result, r.state or "") for r in fleet.run(hosts, [one])]
+
+
+@dataclass(frozen=True)
+class Kept:
+    releases: list[releases.Release]  # oldest first
+    current: str | None  # the id of the one whose files are installed
 
 
 def list_releases(fleet: Fleet, ctx: PlanContext, hosts: Sequence[RemoteHost]
                   ) -> list[tuple[HostResult, list[releases.Release], str | None]]:
     """Each host's kept releases (oldest first) and the id of the current one (its files are what is installed)."""
-    def one(run: HostRun) -> None:
+    def one(run: HostRun[Kept]) -> None:
         pre = plan_host(run.host, ctx)
         session = fleet.connect(run)
         with fleet.step(run, "releases"):
             facts = parse_facts(session.run(gather_command(pre.model_path or "/nonexistent", pre.bin or "vllm")).text)
             kept = releases.parse_list(session.run(releases.list_command()).text)
+            run.result.evidence += kept.notes()
         now = releases.current(kept, facts.files)
-        run.data["releases"] = (kept, now.id if now else None)
+        run.state = Kept(kept, now.id if now else None)
 
-    out = []
-    for r in fleet.run(hosts, [one]):
-        kept, now = r.data.get("releases", ([], None))
-        out.append((r.result, kept, now))
-    return out
+    return [(r.result, r.state.releases, r.state.current) if r.state else (r.result, [], None)
+            for r in fleet.run(hosts, [one])]

@@ -9,6 +9,7 @@ from ernie_deploy.checks.gpus import check_gpus
 from ernie_deploy.checks.logscan import check_startup_log
 from ernie_deploy.checks.result import CheckInputError, CheckResult
 from ernie_deploy.checks.signatures import instance_context
+from ernie_deploy.planning.hostpaths import local_url
 from ernie_deploy.planning.plantypes import HostPlan, InstancePlan
 from ernie_deploy.remote import http
 from ernie_deploy.remote.probe import HostProbe, UnitProbe, descendants
@@ -26,7 +27,7 @@ def request_id(inst: InstancePlan, what: str) -> str:
 
 def requests_for(plan: HostPlan, inst: InstancePlan, exp: Expectations, *, serving: bool = True) -> list[http.Request]:
     """/health, then (only when it answered 200) /v1/models and one small deterministic completion."""
-    base = http.base_url(inst.host, inst.port)  # as seen from its own host: a wildcard bind means loopback
+    base = local_url(inst.host, inst.port)  # as seen from its own host: a wildcard bind means loopback
     health = http.Request(request_id(inst, "health"), f"{base}/health", timeout=5)
     if not serving:
         return [health]
@@ -103,7 +104,7 @@ def serves(plan: HostPlan, inst: InstancePlan, answers: dict[str, http.Answer]) 
 def instance_checks(plan: HostPlan, inst: InstancePlan, probe: HostProbe, exp: Expectations) -> list[CheckResult]:
     unit: UnitProbe = probe.unit(f"{inst.unit}.service")
     state = unit.state
-    results = [systemd_check(inst, state, unit.journal, probe.now_us, float(plan.settings["stable_seconds"].value))]
+    results = [systemd_check(inst, state, unit.journal, probe.now_us, plan.tuning.stable_seconds)]
     if state.active_state != "active":
         # Only the current run is judged: the lines of a stopped run say nothing about what serves now.
         return [*results, CheckResult("startup_log", "fail", f"{inst.unit} is not running: no current start-up "

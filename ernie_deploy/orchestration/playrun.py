@@ -16,13 +16,13 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ernie_deploy.checks.expectations import Expectations
 from ernie_deploy.inventory.inventory import Host, Inventory
-from ernie_deploy.orchestration import hooks
+from ernie_deploy.orchestration import audit, hooks
 from ernie_deploy.orchestration.cycle import CycleOptions, unit_of
 from ernie_deploy.orchestration.deploy import Options, Runner
+from ernie_deploy.orchestration.details import ProvisionReport
 from ernie_deploy.orchestration.fleet import Fleet, FleetOptions, HostRun
 from ernie_deploy.orchestration.provision import Provisioner, ProvisionOptions
 from ernie_deploy.orchestration.restart import Restarter, RestartOptions
@@ -34,9 +34,9 @@ from ernie_deploy.orchestration.verify import Verifier
 from ernie_deploy.planning.plan import PlanContext
 from ernie_deploy.planning.provisioning import parse_rate
 from ernie_deploy.planning.render import environment_for_templates, templates_dir
+from ernie_deploy.playbook.actions import ACTIONS
 from ernie_deploy.playbook.schema import Play, Playbook, Task, verify_expectations
-from ernie_deploy.remote.command import Command, Op
-from ernie_deploy.remote.rolling import audit_line
+from ernie_deploy.remote import lock, shelltask
 
 BAD = (Status.FAILED, Status.UNREACHABLE, Status.LOCKED)
 # The task starts: the caller shows its header and returns the progress display for its hosts.
@@ -115,39 +115,35 @@ class PlaybookRunner:
         return dataclasses.replace(host, vars={**host.vars, **play.vars}) if play.vars else host
 
     def _task(self, play: Play, task: Task, hosts: list[Host], record: TaskRun) -> None:
-        if self.options.check and task.action in ("command", "hook", "pause", "wait_ready"):
+        if self.options.check and not ACTIONS[task.action].runs_in_check:
             record.note = "skipped in check mode"
             return
         with self.start_task(play, task, hosts) as progress:
             fleet = Fleet(self.connector, FleetOptions(self.options.forks, play.any_errors_fatal,
                                                        self.options.known_hosts), progress)
-            action = getattr(self, f"_{task.action}")
-            action(play, task, hosts, record, fleet)
+            HANDLERS[task.action](self, play, task, hosts, record, fleet)
             if self.stopped_by is None:
                 self.stopped_by = fleet.signal
 
     # -- the actions -------------------------------------------------------------------------------------
     def _provision(self, play: Play, task: Task, hosts: list[Host], record: TaskRun, fleet: Fleet) -> None:
         opts = ProvisionOptions(base_dir=self.options.base_dir, check=self.options.check,
-                                verify_files=bool(task.args.get("verify_files", False)),
-                                rate=parse_rate(task.args.get("bwlimit")), lock_wait=self.options.lock_wait,
+                                verify_files=task.flag("verify_files"),
+                                rate=parse_rate(task.text("bwlimit")), lock_wait=self.options.lock_wait,
                                 command=self._label(task))
         runs = Provisioner(self.ctx, opts, fleet).run(hosts)
         for r in runs:
-            report = r.data.get("provision")
-            if report is not None:
-                r.result.evidence += [f"{a['step']}: {a['status']}: {a['detail']}" for a in report.actions]
+            actions = r.result.detail_of(ProvisionReport).actions
+            r.result.evidence += [f"{a['step']}: {a['status']}: {a['detail']}" for a in actions]
         record.results = [r.result for r in runs]
 
     def _deploy(self, task: Task, fleet: Fleet, *, check: bool, activate: bool, rollout: RolloutOptions,
-                cycle: CycleOptions, health_timeout: float = 0.0) -> Runner:
-        options = Options(check=check, diff=self.options.diff, prune=bool(task.args.get("prune", False)),
+                cycle: CycleOptions, health_timeout: float = 0.0, prune: bool = False) -> Runner:
+        options = Options(check=check, diff=self.options.diff, prune=prune,
                           forks=self.options.forks, lock_wait=self.options.lock_wait, health_timeout=health_timeout,
                           known_hosts=self.options.known_hosts, command=self._label(task),
                           templates=self.options.templates, cycle=cycle, rollout=rollout, activate=activate)
-        runner = Runner(self.ctx, self.connector, options)
-        runner.fleet = fleet
-        return runner
+        return Runner(self.ctx, self.connector, options, fleet=fleet)
 
     def _plan(self, play: Play, task: Task, hosts: list[Host], record: TaskRun, fleet: Fleet) -> None:
         runner = self._deploy(task, fleet, check=True, activate=False, rollout=RolloutOptions(),
@@ -160,29 +156,26 @@ class PlaybookRunner:
 
     def _converge(self, play: Play, task: Task, hosts: list[Host], record: TaskRun, fleet: Fleet) -> None:
         runner = self._deploy(task, fleet, check=self.options.check, activate=False, rollout=RolloutOptions(),
-                              cycle=CycleOptions())
+                              cycle=CycleOptions(), prune=task.flag("prune"))
         record.results = runner.run(hosts)
 
     def _rolling(self, play: Play, task: Task, hosts: list[Host], record: TaskRun, fleet: Fleet,
                  batches: bool = True) -> None:
-        args = task.args
         rollout = RolloutOptions(serial=play.serial if batches else None, canary=play.canary if batches else 0,
-                                 max_fail_percentage=play.max_fail_percentage, force=bool(args.get("force", False)),
+                                 max_fail_percentage=play.max_fail_percentage, force=task.flag("force"),
                                  preflight=True, command=self._label(task))
-        budget = float(args.get("startup_budget", 0.0))
-        cycle = CycleOptions(command=self._label(task), pre_drain=args.get("pre_drain"),
-                             post_ready=args.get("post_ready"), hook_timeout=float(args.get("hook_timeout", 60.0)),
-                             idle_timeout=float(args.get("idle_timeout", 60.0)),
-                             gpu_timeout=float(args.get("gpu_release_timeout", 120.0)),
-                             parallel_instances=bool(args.get("parallel_instances", False)),
-                             rollback=bool(args.get("rollback", True)), health_timeout=budget)
-        if args.get("always"):
-            options = RestartOptions(mode="restart", instance=_instance(args), check=self.options.check,
+        budget = task.number("startup_budget")
+        cycle = CycleOptions(command=self._label(task), pre_drain=task.text("pre_drain"),
+                             post_ready=task.text("post_ready"), hook_timeout=task.number("hook_timeout"),
+                             idle_timeout=task.number("idle_timeout"), gpu_timeout=task.number("gpu_release_timeout"),
+                             parallel_instances=task.flag("parallel_instances"), rollback=task.flag("rollback"),
+                             health_timeout=budget)
+        if task.flag("always"):
+            options = RestartOptions(mode="restart", instance=task.text("instance"), check=self.options.check,
                                      forks=self.options.forks, lock_wait=self.options.lock_wait,
                                      known_hosts=self.options.known_hosts, command=self._label(task),
                                      templates=self.options.templates, cycle=cycle, rollout=rollout)
-            restarter = Restarter(self.ctx, self.connector, options)
-            restarter.fleet = fleet
+            restarter = Restarter(self.ctx, self.connector, options, fleet=fleet)
             record.results, record.report = restarter.run(hosts), restarter.report
             return
         runner = self._deploy(task, fleet, check=self.options.check, activate=True, rollout=rollout, cycle=cycle,
@@ -193,10 +186,10 @@ class PlaybookRunner:
         self._rolling(play, task, hosts, record, fleet, batches=False)
 
     def _wait_ready(self, play: Play, task: Task, hosts: list[Host], record: TaskRun, fleet: Fleet) -> None:
-        timeout = float(task.args.get("timeout", 600.0))
+        timeout = task.number("timeout")
         templates = environment_for_templates(templates_dir(self.options.templates))
 
-        def wait(run: HostRun) -> None:
+        def wait(run: HostRun[None]) -> None:
             deadline = time.monotonic() + timeout
             while True:
                 snap = take(fleet, run, self.ctx, templates, SnapshotOptions(render=False))
@@ -218,8 +211,7 @@ class PlaybookRunner:
     def _verify(self, play: Play, task: Task, hosts: list[Host], record: TaskRun, fleet: Fleet,
                 expectations: Expectations | None = None) -> None:
         verifier = Verifier(self.ctx, self.connector, fleet.options, expectations=expectations or
-                            verify_expectations(task))
-        verifier.fleet = fleet
+                            verify_expectations(task), fleet=fleet)
         record.results = verifier.run(hosts)
 
     def _gpu_check(self, play: Play, task: Task, hosts: list[Host], record: TaskRun, fleet: Fleet) -> None:
@@ -234,15 +226,15 @@ class PlaybookRunner:
                          else f"all {len(r.checks)} GPU checks passed")
 
     def _hook(self, play: Play, task: Task, hosts: list[Host], record: TaskRun, fleet: Fleet) -> None:
-        timeout = float(task.args.get("timeout", 60.0))
+        timeout = task.number("timeout")
         base = {"ERNIE_HOOK": task.name, "ERNIE_COMMAND": self._label(task), "ERNIE_PLAY": play.name,
                 "ERNIE_HOSTS": " ".join(h.name for h in hosts)}
-        if task.args.get("once"):
+        if task.flag("once"):
             outcome = hooks.run(task.name, task.args["run"], base, timeout)
             record.results = [_hook_result(h.name, outcome) for h in hosts]
             return
 
-        def one(run: HostRun) -> None:
+        def one(run: HostRun[None]) -> None:
             env = {**base, "ERNIE_HOST": run.host.name, "ERNIE_ADDRESS": run.host.address}
             fleet.progress(run.host.name, f"hook {task.name}")
             done = _hook_result(run.host.name, hooks.run(task.name, task.args["run"], env, timeout))
@@ -269,18 +261,16 @@ class PlaybookRunner:
         return f"{self.options.command} ({task.name})"
 
     def _command(self, play: Play, task: Task, hosts: list[Host], record: TaskRun, fleet: Fleet) -> None:
-        timeout = float(task.args.get("timeout", 600.0))
+        timeout = task.number("timeout")
         script = str(task.args["run"])
+        who = lock.LockInfo.mine(self._label(task))
 
-        def one(run: HostRun) -> None:
+        def one(run: HostRun[None]) -> None:
             session = fleet.connect(run)
-            audit = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": self._label(task),
-                     "host": run.host.name, "action": "command", "run": script}
             fleet.progress(run.host.name, f"running {task.name}")
             with fleet.step(run, "command") as step:
-                # The operator's command runs in a subshell, so its `exit` cannot skip the audit line.
-                r = session.run(Command(Op.COMMAND, f"( {script}\n)\nrc=$?\n{audit_line(audit)}\nexit $rc\n",
-                                        timeout=timeout, check=False))
+                r = session.run(shelltask.command(script, audit.record(who, run.host.name, "command", run=script),
+                                                  timeout))
                 step.changed = True
             lines = r.text.strip().splitlines()[-10:]
             if r.code != 0:
@@ -294,12 +284,17 @@ class PlaybookRunner:
         record.results = [r.result for r in fleet.run(hosts, [one])]
 
 
-def _instance(args: dict[str, Any] | Any) -> str | None:
-    value = args.get("instance")
-    return None if value is None else str(value)
-
-
 def _hook_result(host: str, outcome: hooks.HookResult) -> HostResult:
     status = Status.OK if outcome.ok else Status.FAILED
     return HostResult(host, status, outcome.summary, None if outcome.ok else "fix the hook command and run again",
                       evidence=list(outcome.output))
+
+
+Handler = Callable[[PlaybookRunner, Play, Task, list[Host], TaskRun, Fleet], None]
+# Each registered action's handler (playbook/actions.py declares the actions; a test keeps the two the same).
+HANDLERS: dict[str, Handler] = {
+    "provision": PlaybookRunner._provision, "plan": PlaybookRunner._plan, "converge": PlaybookRunner._converge,
+    "rolling": PlaybookRunner._rolling, "restart": PlaybookRunner._restart, "wait_ready": PlaybookRunner._wait_ready,
+    "verify": PlaybookRunner._verify, "gpu_check": PlaybookRunner._gpu_check, "hook": PlaybookRunner._hook,
+    "pause": PlaybookRunner._pause, "command": PlaybookRunner._command,
+}

@@ -8,19 +8,20 @@ driver is too old; each change is audited on the host; an interrupted copy resum
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ernie_deploy.errors import DeployError
-from ernie_deploy.orchestration import localfiles
+from ernie_deploy.orchestration import audit, localfiles
+from ernie_deploy.orchestration.details import ProvisionReport
 from ernie_deploy.orchestration.fleet import Fleet, HostRun
 from ernie_deploy.orchestration.results import Status
 from ernie_deploy.orchestration.snapshot import SnapshotOptions, lock_and_gather, release_lock
+from ernie_deploy.orchestration.steps import StepStatus
 from ernie_deploy.orchestration.transport import RemoteHost
 from ernie_deploy.planning.drivers import judge, need
+from ernie_deploy.planning.hostpaths import WHEELHOUSE
 from ernie_deploy.planning.plan import PlanContext, plan_host
 from ernie_deploy.planning.provisioning import (
     Entry,
@@ -38,7 +39,8 @@ from ernie_deploy.planning.provisioning import (
 from ernie_deploy.planning.settings import host_secrets
 from ernie_deploy.remote import filesync, hub, lock
 from ernie_deploy.remote import provision as remote
-from ernie_deploy.remote.command import Command, Op
+from ernie_deploy.remote.command import Command
+from ernie_deploy.remote.protocol import sha256sums
 
 MIB = 1024 * 1024
 # Room left on the model's file system after a copy: a disk filled to the last byte breaks journald and
@@ -56,22 +58,6 @@ class ProvisionOptions:
     command: str = "ernie-deploy provision"
 
 
-@dataclass
-class Report:
-    """What provisioning did (or, in check mode, would do) on one host."""
-
-    actions: list[dict[str, str]] = field(default_factory=list)
-    vllm: dict[str, Any] = field(default_factory=dict)
-    model: dict[str, Any] = field(default_factory=dict)
-    driver: str | None = None
-
-    def add(self, step: str, status: str, detail: str) -> None:
-        self.actions.append({"step": step, "status": status, "detail": detail})
-
-    def to_json(self) -> dict[str, Any]:
-        return {"actions": self.actions, "vllm": self.vllm, "model": self.model, "driver": self.driver}
-
-
 class Provisioner:
     def __init__(self, ctx: PlanContext, options: ProvisionOptions, fleet: Fleet) -> None:
         self.ctx = ctx
@@ -82,7 +68,8 @@ class Provisioner:
         self._manifests: dict[Path, Manifest] = {}
         self._manifest_lock = threading.Lock()
 
-    def run(self, hosts: Sequence[RemoteHost]) -> list[HostRun]:
+    def run(self, hosts: Sequence[RemoteHost]) -> list[HostRun[None]]:
+        """Each host's run; its result's detail is the ProvisionReport."""
         try:
             return self.fleet.run(hosts, [self._host], release=release_lock)
         finally:
@@ -90,9 +77,9 @@ class Provisioner:
 
     # -- one host ------------------------------------------------------------------------------------
 
-    def _host(self, run: HostRun) -> None:
-        report = Report()
-        run.data["provision"] = report
+    def _host(self, run: HostRun[None]) -> None:
+        report = ProvisionReport()
+        run.result.detail = report
         plan = plan_host(run.host, self.ctx)
         inputs = [f for f in plan.errors if f.code == "input"]
         if inputs:
@@ -101,13 +88,13 @@ class Provisioner:
         session = self.fleet.connect(run)
         self.fleet.progress(run.host.name, "probing")
         with self.fleet.step(run, "probe"):
-            script = remote.probe_script(spec)
+            probe = remote.probe_command(spec)
             if self.options.check:
-                text = session.run(Command(Op.PROVISION_PROBE, script)).text
+                text = session.run(probe).text
             else:
                 text = lock_and_gather(self.fleet, run, SnapshotOptions(lock=self.lock,
                                                                         lock_wait=self.options.lock_wait),
-                                       script, Op.PROVISION_PROBE)
+                                       probe.intent)
         facts = remote.parse_probe(text)
         self._driver(spec, facts, report)
         for step in (self._user, self._prerequisites, self._vllm, self._prune, self._model):
@@ -116,28 +103,26 @@ class Provisioner:
                 raise DeployError(f"{why}: stopped between steps; what is done stays done", where=spec.host,
                                   hint="run provision again to finish")
             step(run, spec, facts, report)
-        if any(a["status"] == "changed" for a in report.actions) and run.result.status is Status.OK:
+        if any(a["status"] == StepStatus.CHANGED for a in report.actions) and run.result.status is Status.OK:
             run.result.status = Status.CHANGED
 
-    def _audit(self, run: HostRun, step: str, **detail: object) -> dict[str, object]:
-        return {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "user": self.lock.user,
-                "controller": self.lock.controller, "command": self.options.command, "host": run.host.name,
-                "action": "provision", "step": step, **detail}
+    def _audit(self, run: HostRun[None], step: str, **detail: object) -> dict[str, object]:
+        return audit.record(self.lock, run.host.name, "provision", step=step, **detail)
 
-    def _change(self, run: HostRun, report: Report, step: str, detail: str, cmd: Command | None) -> bool:
+    def _change(self, run: HostRun[None], report: ProvisionReport, step: str, detail: str, cmd: Command | None) -> bool:
         """Record a change; run it unless in check mode. True when it ran."""
         if self.options.check:
-            report.add(step, "would change", detail)
+            report.add(step, StepStatus.WOULD_CHANGE, detail)
             return False
         assert cmd is not None and run.session is not None
         self.fleet.progress(run.host.name, detail)
         with self.fleet.step(run, step) as st:
             run.session.run(cmd)
             st.changed = True
-        report.add(step, "changed", detail)
+        report.add(step, StepStatus.CHANGED, detail)
         return True
 
-    def _driver(self, spec: ProvisionSpec, facts: remote.ProvisionFacts, report: Report) -> None:
+    def _driver(self, spec: ProvisionSpec, facts: remote.ProvisionFacts, report: ProvisionReport) -> None:
         wanted = need(spec.version)
         if facts.driver is None:
             minimum = f" (vLLM {spec.version} needs {wanted.minimum} or newer)" if wanted else ""
@@ -146,7 +131,7 @@ class Provisioner:
                                                     "never installs drivers or CUDA (docs/provisioning.md)")
         report.driver = facts.driver
         if wanted is None:
-            report.add("driver", "ok", f"driver {facts.driver}; no driver data for vLLM {spec.version} "
+            report.add("driver", StepStatus.OK, f"driver {facts.driver}; no driver data for vLLM {spec.version} "
                                        "(older than docs/drivers.md covers)")
             return
         verdict = judge(facts.driver, wanted)
@@ -154,19 +139,21 @@ class Provisioner:
             raise DeployError(f"{verdict.summary}; nothing was installed", where=spec.host,
                               hint=f"upgrade the NVIDIA driver to {wanted.minimum} or newer, or pin an older "
                                    "vllm_version (docs/drivers.md)")
-        report.add("driver", "ok", verdict.summary)
+        report.add("driver", StepStatus.OK, verdict.summary)
 
-    def _user(self, run: HostRun, spec: ProvisionSpec, facts: remote.ProvisionFacts, report: Report) -> None:
+    def _user(self, run: HostRun[None], spec: ProvisionSpec, facts: remote.ProvisionFacts,
+              report: ProvisionReport) -> None:
         if facts.user is not None:
-            report.add("service user", "ok", f"{spec.user} exists (home {facts.user[1]}, shell {facts.user[2]})")
+            report.add("service user", StepStatus.OK,
+                       f"{spec.user} exists (home {facts.user[1]}, shell {facts.user[2]})")
             return
         self._change(run, report, "service user", f"create system user {spec.user} (no login shell)",
                      remote.create_user_command(spec.user, self._audit(run, "create user", name=spec.user)))
 
-    def _prerequisites(self, run: HostRun, spec: ProvisionSpec, facts: remote.ProvisionFacts,
-                       report: Report) -> None:
+    def _prerequisites(self, run: HostRun[None], spec: ProvisionSpec, facts: remote.ProvisionFacts,
+                       report: ProvisionReport) -> None:
         if facts.python == "ok":
-            report.add("prerequisites", "ok", "python3 with venv and ensurepip")
+            report.add("prerequisites", StepStatus.OK, "python3 with venv and ensurepip")
             return
         family = os_packages(facts.os_ids)
         what = "python3" if facts.python == "no-python3" else "python3's venv/ensurepip modules"
@@ -183,12 +170,13 @@ class Provisioner:
                      remote.os_packages_command(manager, packages,
                                                 self._audit(run, "os packages", packages=list(packages))))
 
-    def _vllm(self, run: HostRun, spec: ProvisionSpec, facts: remote.ProvisionFacts, report: Report) -> None:
+    def _vllm(self, run: HostRun[None], spec: ProvisionSpec, facts: remote.ProvisionFacts,
+              report: ProvisionReport) -> None:
         report.vllm = {"version": spec.version, "venv": spec.venv, "bin": spec.bin}
         if facts.version == spec.version and facts.venv in ("ours", "foreign"):
             how = "installed by provision" if facts.venv == "ours" else "adopted: installed before, metadata matches"
             report.vllm["state"] = "present" if facts.venv == "ours" else "adopted"
-            report.add("vllm", "ok", f"vLLM {spec.version} at {spec.venv} ({how})")
+            report.add("vllm", StepStatus.OK, f"vLLM {spec.version} at {spec.venv} ({how})")
             return
         if facts.venv == "foreign":
             found = f"vLLM {facts.version}" if facts.version else "no readable vLLM"
@@ -206,12 +194,13 @@ class Provisioner:
         detail = f"install vLLM {spec.version} into {spec.venv} from {source}"
         report.vllm["state"] = "installed"
         if self.options.check:
-            report.add("vllm", "would change", detail)
+            report.add("vllm", StepStatus.WOULD_CHANGE, detail)
             return
         links = None
         if spec.find_links is not None:
-            self._sync(run, spec, "wheelhouse", spec.find_links, remote.WHEELHOUSE, facts.wheels, "root")
-            links = remote.WHEELHOUSE
+            self._sync(run, spec, "wheelhouse", spec.find_links, WHEELHOUSE, facts.wheels, "root")
+            links = WHEELHOUSE
+
         audit = self._audit(run, "install vllm", version=spec.version, venv=spec.venv)
         assert run.session is not None
         self.fleet.progress(run.host.name, f"installing vLLM {spec.version} (pip)")
@@ -226,9 +215,10 @@ class Provisioner:
             raise DeployError(f"installing vLLM {spec.version} into {spec.venv} failed (exit {r.code}):\n{tail}",
                               where=spec.host, hint="check that the index or wheelhouse has vllm=="
                                                     f"{spec.version} for this Python, then run provision again")
-        report.add("vllm", "changed", detail)
+        report.add("vllm", StepStatus.CHANGED, detail)
 
-    def _prune(self, run: HostRun, spec: ProvisionSpec, facts: remote.ProvisionFacts, report: Report) -> None:
+    def _prune(self, run: HostRun[None], spec: ProvisionSpec, facts: remote.ProvisionFacts,
+               report: ProvisionReport) -> None:
         old = removable_venvs(list(facts.venvs), set(facts.used), spec.venv)
         if old:
             self._change(run, report, "old venvs", f"remove {', '.join(old)} (no unit or kept release runs them)",
@@ -242,17 +232,18 @@ class Provisioner:
                 self._manifests[root] = localfiles.scan(root, self.hashes)
             return self._manifests[root]
 
-    def _model(self, run: HostRun, spec: ProvisionSpec, facts: remote.ProvisionFacts, report: Report) -> None:
+    def _model(self, run: HostRun[None], spec: ProvisionSpec, facts: remote.ProvisionFacts,
+               report: ProvisionReport) -> None:
         if spec.source is None:
-            report.add("model", "ok", f"{spec.model_path}: no vllm_model_source, left as it is")
+            report.add("model", StepStatus.OK, f"{spec.model_path}: no vllm_model_source, left as it is")
             return
         if isinstance(spec.source, HubSource):
             self._hub(run, spec, spec.source, facts, report)
             return
         self._sync(run, spec, "model", spec.source.path, spec.model_path, facts.model, spec.user, report)
 
-    def _sync(self, run: HostRun, spec: ProvisionSpec, step: str, local: Path, target: str,
-              state: filesync.DirState, owner: str, report: Report | None = None) -> None:
+    def _sync(self, run: HostRun[None], spec: ProvisionSpec, step: str, local: Path, target: str,
+              state: filesync.DirState, owner: str, report: ProvisionReport | None = None) -> None:
         """Make `target` on the host hold exactly the files of `local`, sending only what differs."""
         assert run.session is not None
         wanted = self._manifest(local)
@@ -263,7 +254,7 @@ class Provisioner:
         if unknown:
             self.fleet.progress(run.host.name, f"hashing {len(unknown)} files on the host")
             with self.fleet.step(run, f"{step}: hash host files"):
-                found = filesync.parse_hashes(run.session.run(filesync.hash_command(target, unknown)).text)
+                found = sha256sums(run.session.run(filesync.hash_command(target, unknown)).text)
             held.update({rel: wanted[rel] for rel, digest in found.items()
                          if rel in wanted and digest == wanted[rel].sha256})
         send = to_send(wanted, held)
@@ -277,13 +268,13 @@ class Provisioner:
                             "extra_files": extra, "sent_bytes": 0, "resumed_bytes": 0}
         if up_to_date:
             if report is not None:
-                report.add(step, "ok", f"{target}: {len(wanted)} files, {_mib(total)}, as in {local}")
+                report.add(step, StepStatus.OK, f"{target}: {len(wanted)} files, {_mib(total)}, as in {local}")
             return
         detail = f"{target}: send {len(send)} of {len(wanted)} files ({_mib(sum(wanted[r].size for r in send))})" + \
             (f", drop {len(extra)} not in the source" if extra else "") + ", then switch in"
         if self.options.check:
             if report is not None:
-                report.add(step, "would change", detail)
+                report.add(step, StepStatus.WOULD_CHANGE, detail)
             return
         unique = {wanted[r].sha256: (r, wanted[r]) for r in send}
         staged = {sha: n for sha, n in state.staged.items()}
@@ -310,9 +301,9 @@ class Provisioner:
                                                     str(local), audit))
             st.changed = True
         if report is not None:
-            report.add(step, "changed", detail + (f" ({_mib(resumed)} resumed)" if resumed else ""))
+            report.add(step, StepStatus.CHANGED, detail + (f" ({_mib(resumed)} resumed)" if resumed else ""))
 
-    def _send(self, run: HostRun, spec: ProvisionSpec, step: str, path: Path, rel: str, target: str,
+    def _send(self, run: HostRun[None], spec: ProvisionSpec, step: str, path: Path, rel: str, target: str,
               entry: Entry, offset: int) -> int:
         assert run.session is not None
         host = run.host.name
@@ -337,14 +328,14 @@ class Provisioner:
         raise DeployError(f"receiving {rel} failed (exit {r.code}): {r.stderr.decode(errors='replace').strip()}",
                           where=spec.host)
 
-    def _hub(self, run: HostRun, spec: ProvisionSpec, source: HubSource, facts: remote.ProvisionFacts,
-             report: Report) -> None:
+    def _hub(self, run: HostRun[None], spec: ProvisionSpec, source: HubSource, facts: remote.ProvisionFacts,
+             report: ProvisionReport) -> None:
         state = facts.model
         report.model = {"path": spec.model_path, "source": source.describe()}
         detail = f"{spec.model_path}: download {source.describe()} on the host, then switch in"
         if self.options.check:
             # Whether the revision moved is only known on the host (it asks the Hub): say what would be asked.
-            report.add("model", "would check", detail + " if the revision's commit differs from "
+            report.add("model", StepStatus.WOULD_CHECK, detail + " if the revision's commit differs from "
                                                f"{state.source or 'nothing recorded'}")
             return
         assert run.session is not None
@@ -362,7 +353,7 @@ class Provisioner:
                               hint="check the repository, the revision, hf_token and HF_ENDPOINT in vllm_env")
         report.model.update(commit=result.source, files=len(result.files), bytes=result.bytes)
         if not result.changed:
-            report.add("model", "ok", f"{spec.model_path}: {result.source} already there")
+            report.add("model", StepStatus.OK, f"{spec.model_path}: {result.source} already there")
             return
         audit = self._audit(run, "switch model", target=spec.model_path, source=result.source,
                             files=len(result.files))
@@ -370,7 +361,7 @@ class Provisioner:
             run.session.run(filesync.switch_command(spec.model_path, result.files, [], spec.user,
                                                     str(result.source), audit))
             st.changed = True
-        report.add("model", "changed", f"{spec.model_path}: {result.source}, {len(result.files)} files "
+        report.add("model", StepStatus.CHANGED, f"{spec.model_path}: {result.source}, {len(result.files)} files "
                                        f"({_mib(result.bytes)}) switched in")
 
 

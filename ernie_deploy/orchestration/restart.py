@@ -10,19 +10,19 @@ through the restart cycle (cycle.py).
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ernie_deploy.checks.expectations import Expectations
 from ernie_deploy.errors import DeployError
+from ernie_deploy.orchestration import audit
 from ernie_deploy.orchestration.cycle import CycleOptions, HostCycle, Work, released_instances, unit_of
 from ernie_deploy.orchestration.fleet import Fleet, FleetOptions, HostRun
 from ernie_deploy.orchestration.results import HostResult, Status
 from ernie_deploy.orchestration.rollout import Report, RolloutOptions, drive
-from ernie_deploy.orchestration.snapshot import Snapshot, SnapshotOptions, down, release_lock, stable_of, take
+from ernie_deploy.orchestration.snapshot import Snapshot, SnapshotOptions, down, take
 from ernie_deploy.orchestration.transport import Connector, Progress, RemoteHost
 from ernie_deploy.planning.plan import PlanContext
 from ernie_deploy.planning.plantypes import HostPlan, InstancePlan
@@ -45,6 +45,14 @@ class RestartOptions:
     rollout: RolloutOptions = field(default_factory=RolloutOptions)
 
 
+@dataclass
+class Scoped:
+    """A host's snapshot and the instances in scope of the restart or rollback (--instance)."""
+
+    snapshot: Snapshot
+    scope: list[InstancePlan]
+
+
 def select(plan: HostPlan, instance: str | None) -> list[InstancePlan]:
     """The host's instances in scope; --instance K names one by index (1), unit name (ernie-vllm-1) or unit."""
     if instance is None:
@@ -60,10 +68,12 @@ def select(plan: HostPlan, instance: str | None) -> list[InstancePlan]:
 
 class Restarter:
     def __init__(self, ctx: PlanContext, connector: Connector, options: RestartOptions,
-                 progress: Progress | None = None, expectations: Expectations | None = None) -> None:
+                 progress: Progress | None = None, expectations: Expectations | None = None,
+                 fleet: Fleet | None = None) -> None:
+        """`fleet`: run on this one (a playbook's task) instead of one of the options' own."""
         self.ctx = ctx
         self.options = options
-        self.fleet = Fleet(connector, FleetOptions(options.forks, False, options.known_hosts), progress)
+        self.fleet = fleet or Fleet(connector, FleetOptions(options.forks, False, options.known_hosts), progress)
         self.templates = environment_for_templates(templates_dir(options.templates))
         self.lock = lock.LockInfo.mine(options.command)
         self.expectations = expectations or Expectations()
@@ -74,48 +84,40 @@ class Restarter:
         return self.fleet.signal
 
     def run(self, hosts: Sequence[RemoteHost]) -> list[HostResult]:
+        return drive(self, hosts, self.options.rollout)
+
+    def snapshot(self, run: HostRun[Scoped]) -> None:
         opts = SnapshotOptions(lock=None if self.options.check else self.lock, lock_wait=self.options.lock_wait)
-        return drive(self.fleet, hosts, self.options.rollout, self._snapshot(opts), self._change, self._down,
-                     release_lock, self.report)
+        snap = take(self.fleet, run, self.ctx, self.templates, opts)
+        if snap is not None:
+            run.state = Scoped(snap, select(snap.plan, self.options.instance))
 
-    def _snapshot(self, opts: SnapshotOptions) -> Callable[[HostRun], None]:
-        def snapshot(run: HostRun) -> None:
-            snap = take(self.fleet, run, self.ctx, self.templates, opts)
-            if snap is not None:
-                run.data["snapshot"] = snap
-                run.data["scope"] = select(snap.plan, self.options.instance)
-        return snapshot
-
-    def _down(self, run: HostRun) -> list[str]:
-        snap: Snapshot | None = run.data.get("snapshot")
-        if snap is None:
+    def problems(self, run: HostRun[Scoped]) -> list[str]:
+        if run.state is None:
             return []
-        return down(run.host.name, snap, [unit_of(i) for i in run.data["scope"]], installed_only=False)
+        return down(run.host.name, run.state.snapshot, [unit_of(i) for i in run.state.scope], installed_only=False)
 
-    def _audit(self, run: HostRun, action: str) -> dict[str, Any]:
-        return {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "user": self.lock.user,
-                "controller": self.lock.controller, "command": self.options.command, "host": run.host.name,
-                "action": action}
+    def _audit(self, run: HostRun[Scoped], action: str) -> dict[str, Any]:
+        return audit.record(self.lock, run.host.name, action)
 
-    def _work(self, run: HostRun, snap: Snapshot, insts: list[InstancePlan], batch: int) -> Work:
+    def _work(self, run: HostRun[Scoped], snap: Snapshot, insts: list[InstancePlan], batch: int) -> Work:
         facts = snap.facts
-        stable = stable_of(snap.plan)
+        stable = snap.plan.tuning.stable_seconds
         running = {unit_of(i) for i in insts if facts.units.get(unit_of(i)) is not None
                    and facts.units[unit_of(i)].active_state in converge.RUNNING}
         serving = {u for u in running if converge.serving_problem(u, facts, stable) is None}
         return Work(snap.plan, insts, running, serving, batch=batch)
 
-    def _change(self, run: HostRun, batch: int) -> None:
-        snap: Snapshot | None = run.data.get("snapshot")
-        if snap is None:
+    def change(self, run: HostRun[Scoped], batch: int) -> None:
+        if run.state is None:
             return
         if self.options.mode == "rollback":
-            self._rollback(run, snap, batch)
+            self._rollback(run, run.state, batch)
         else:
-            self._restart(run, snap, batch)
+            self._restart(run, run.state, batch)
 
-    def _restart(self, run: HostRun, snap: Snapshot, batch: int) -> None:
-        result, scope = run.result, run.data["scope"]
+    def _restart(self, run: HostRun[Scoped], scoped: Scoped, batch: int) -> None:
+        result, snap, scope = run.result, scoped.snapshot, scoped.scope
         units = [unit_of(i) for i in scope]
         missing = [u for u in units if u not in snap.facts.units]
         if missing:
@@ -130,8 +132,9 @@ class Restarter:
             return
         work = self._work(run, snap, scope, batch)
         work.revertible = False
-        result.restarted = units
-        result.reasons = {u: "restart requested" for u in units}
+        done = result.changing()
+        done.restarted = units
+        done.reasons = {u: "restart requested" for u in units}
         how = "one at a time" if len(units) > 1 and not self.options.cycle.parallel_instances else ""
         if self.options.check:
             result.status, result.message = Status.CHANGED, f"would restart {', '.join(units)} {how}".rstrip()
@@ -141,10 +144,12 @@ class Restarter:
                      lambda action: self._audit(run, action)).go():
             result.message = f"restarted {', '.join(units)}; every instance verified"
 
-    def _rollback(self, run: HostRun, snap: Snapshot, batch: int) -> None:
+    def _rollback(self, run: HostRun[Scoped], scoped: Scoped, batch: int) -> None:
         assert run.session is not None
-        result, scope, files = run.result, run.data["scope"], snap.facts.files
+        result, snap, scope = run.result, scoped.snapshot, scoped.scope
+        files = snap.facts.files
         kept = releases.parse_list(run.session.run(releases.list_command()).text)
+        result.evidence += kept.notes()
         now = releases.current(kept, files)
         if self.options.to:
             target = next((r for r in kept if r.id == self.options.to), None)
@@ -172,8 +177,9 @@ class Restarter:
             result.message = f"already at release {target.id}: nothing to roll back" if insts else \
                 f"release {target.id} has none of the instances in scope"
             return
-        result.release, result.restarted = target.id, list(units)
-        result.reasons = {u: f"rollback to {target.id}" + (f" (from {now.id})" if now else "") for u in units}
+        done = result.changing()
+        done.release, done.restarted = target.id, list(units)
+        done.reasons = {u: f"rollback to {target.id}" + (f" (from {now.id})" if now else "") for u in units}
         result.status = Status.CHANGED
         if self.options.check:
             result.message = f"would restore release {target.id} for {', '.join(units)} and restart them"

@@ -1,7 +1,9 @@
 """Per-host results of multi-host operations: the steps each host went through, its status, the exit code.
 
-A host result holds its steps (name, status, seconds, evidence, changed), so batches, drains and restarts
-can report themselves; output/ renders results to rich or to versioned JSON.
+A host result is a core every operation fills (status, message, steps, checks, evidence, findings) plus one
+typed detail of the operation that made it (details.py): what a deploy, restart or rollback changed, what
+provisioning did, what status read (steps.py has the steps). output/ renders results to rich or to
+versioned JSON.
 """
 
 from __future__ import annotations
@@ -9,10 +11,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TypeVar
 
 from ernie_deploy.checks.result import CheckResult
 from ernie_deploy.errors import ExitCode
+from ernie_deploy.orchestration.details import Change, Detail, ProvisionReport, StatusReport
+from ernie_deploy.orchestration.steps import Step, phase_timings
 from ernie_deploy.planning.findings import Finding
+
+D = TypeVar("D", Change, ProvisionReport, StatusReport)
 
 
 class Status(Enum):
@@ -25,38 +32,16 @@ class Status(Enum):
 
 
 @dataclass
-class Step:
-    name: str
-    status: str  # ok | changed | failed | skipped
-    seconds: float = 0.0
-    evidence: list[str] = field(default_factory=list)
-    changed: bool = False
-    ended_at: float = 0.0  # wall clock (epoch seconds) when it ended, to line up with the host's journal
-
-
-@dataclass
 class HostResult:
     host: str
     status: Status = Status.OK
     message: str = ""
     hint: str | None = None
-    changed_files: list[str] = field(default_factory=list)
-    restarted: list[str] = field(default_factory=list)
-    started: list[str] = field(default_factory=list)
-    enabled: list[str] = field(default_factory=list)
-    pruned: list[str] = field(default_factory=list)
-    leftover: list[str] = field(default_factory=list)  # installed units the plan no longer has
-    dropins: list[str] = field(default_factory=list)  # drop-in files overriding managed units
-    reasons: dict[str, str] = field(default_factory=dict)
-    diffs: list[str] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     evidence: list[str] = field(default_factory=list)
     checks: list[CheckResult] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
-    release: str | None = None
-    batch: int | None = None  # the rollout batch the host was in (1-based)
-    timings: dict[str, dict[str, float]] = field(default_factory=dict)  # unit → phase → seconds
-    rollbacks: list[str] = field(default_factory=list)  # what was restored after a failure, and how it went
+    detail: Detail | None = None  # the operation's own part (None: verify, hooks, commands)
     commands: int = 0
     command_log: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -66,13 +51,32 @@ class HostResult:
         """Failed, unreachable, locked or skipped: later phases leave this host alone."""
         return self.status in (Status.FAILED, Status.UNREACHABLE, Status.LOCKED, Status.SKIPPED)
 
+    def detail_of(self, kind: type[D]) -> D:
+        """The operation's detail to read: an empty one for a host the operation did not reach."""
+        return self.detail if isinstance(self.detail, kind) else kind()
+
+    @property
+    def change(self) -> Change:
+        return self.detail_of(Change)
+
+    def changing(self) -> Change:
+        """The change detail a deploy, restart or rollback fills in, set up by the first of them to touch it."""
+        if not isinstance(self.detail, Change):
+            self.detail = Change()
+        return self.detail
+
+    @property
+    def timings(self) -> dict[str, dict[str, float]]:
+        return phase_timings(self.steps)
+
     def fail(self, status: Status, message: str, hint: str | None = None) -> None:
         self.status, self.message, self.hint = status, message, hint
 
 
 def recap_counts(r: HostResult) -> dict[str, int]:
     """Ansible's recap columns: ok counts the host's successful steps, changed those that changed it."""
-    changed = len(r.changed_files) + len(r.restarted) + len(r.started) + len(r.pruned) + len(r.enabled)
+    c = r.change
+    changed = len(c.changed_files) + len(c.restarted) + len(c.started) + len(c.pruned) + len(c.enabled)
     return {
         "ok": 1 if r.status in (Status.OK, Status.CHANGED) else 0,
         "changed": changed if r.status is not Status.UNREACHABLE else 0,

@@ -3,8 +3,8 @@ batch (Ansible's `serial`), stopping when a batch fails beyond `max_fail_percent
 the first batch, the canary). Every host's lock is held from the snapshot to the end; where it stopped is kept
 on the controller for `--resume`.
 
-Deploy, restart and rollback share this driver; each brings its snapshot, its per-host change and its
-definition of "an instance in scope is down".
+Deploy, restart and rollback share this driver: each is a `Rollout` that brings its snapshot, its per-host
+change and its definition of "an instance in scope is down".
 """
 
 from __future__ import annotations
@@ -12,11 +12,13 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
 from ernie_deploy.errors import DeployError
 from ernie_deploy.orchestration import resume
 from ernie_deploy.orchestration.fleet import Fleet, HostRun
 from ernie_deploy.orchestration.results import HostResult, Status
+from ernie_deploy.orchestration.snapshot import release_lock
 from ernie_deploy.orchestration.timeline import Timeline
 from ernie_deploy.orchestration.transport import RemoteHost
 from ernie_deploy.planning.batches import SerialItem, batch_stops, form_batches
@@ -44,28 +46,44 @@ class Report:
     timeline: Timeline = field(default_factory=Timeline)
 
 
-Problems = Callable[[HostRun], list[str]]  # instances in scope that are down now, as "host unit: why"
+S = TypeVar("S")
 
 
-def drive(fleet: Fleet, hosts: Sequence[RemoteHost], opts: RolloutOptions, snapshot: Callable[[HostRun], None],
-          change: Callable[[HostRun, int], None], problems: Problems, release: Callable[[HostRun], None],
-          report: Report) -> list[HostResult]:
+class Rollout(Protocol[S]):
+    """An operation the driver rolls out; S is what its snapshot leaves on each host for its change."""
+
+    @property
+    def fleet(self) -> Fleet: ...
+    @property
+    def report(self) -> Report: ...
+
+    def snapshot(self, run: HostRun[S]) -> None: ...
+
+    def change(self, run: HostRun[S], batch: int) -> None: ...
+
+    def problems(self, run: HostRun[S]) -> list[str]:
+        """Instances in scope that are down now, as "host unit: why"."""
+        ...
+
+
+def drive(op: Rollout[S], hosts: Sequence[RemoteHost], opts: RolloutOptions) -> list[HostResult]:
+    fleet, report = op.fleet, op.report
     names = [h.name for h in hosts]
     state = _state(opts, names)
     report.resumed = state is not None
     report.batches = state.batches if state else [list(b) for b in form_batches(names, opts.serial, opts.canary)]
     report.done = list(state.done) if state else []
 
-    def body(runs: list[HostRun]) -> None:
-        fleet.phase(runs, snapshot)
+    def body(runs: list[HostRun[S]]) -> None:
+        fleet.phase(runs, op.snapshot)
         by_name = {r.host.name: r for r in runs}
-        if opts.preflight and not _preflight(runs, problems, opts, report):
+        if opts.preflight and not _preflight(runs, op.problems, opts, report):
             return
         for k in report.done:
             for name in report.batches[k]:
                 run = by_name[name]
                 if not run.result.finished:
-                    run.result.batch = k + 1
+                    run.result.changing().batch = k + 1
                     checked = "; re-checked: serving" if opts.preflight and not opts.force else ""
                     run.result.message = f"done in batch {k + 1} of the stopped rollout{checked}"
         first = next((k for k in range(len(report.batches)) if k not in report.done), None)
@@ -74,7 +92,7 @@ def drive(fleet: Fleet, hosts: Sequence[RemoteHost], opts: RolloutOptions, snaps
                 continue
             todo = [by_name[n] for n in batch]
             for run in todo:
-                run.result.batch = k + 1
+                run.result.changing().batch = k + 1
             if report.stopped:
                 for run in todo:
                     if not run.result.finished:
@@ -83,7 +101,7 @@ def drive(fleet: Fleet, hosts: Sequence[RemoteHost], opts: RolloutOptions, snaps
             if len(report.batches) > 1:
                 report.timeline.mark("batch", f"batch {k + 1}")
                 fleet.progress(batch[0], f"batch {k + 1} of {len(report.batches)}: {', '.join(batch)}")
-            fleet.phase(todo, functools.partial(_numbered, change, k + 1))
+            fleet.phase(todo, functools.partial(_numbered, op.change, k + 1))
             failed = sum(r.result.status in (Status.FAILED, Status.LOCKED) for r in todo)
             unreachable = sum(r.result.status is Status.UNREACHABLE for r in todo)
             last = k == len(report.batches) - 1
@@ -102,10 +120,10 @@ def drive(fleet: Fleet, hosts: Sequence[RemoteHost], opts: RolloutOptions, snaps
                 report.timeline.mark("stop", report.stopped)
             _keep(opts, report)
 
-    return [r.result for r in fleet.operate(hosts, body, release)]
+    return [r.result for r in fleet.operate(hosts, body, release_lock)]
 
 
-def _numbered(change: Callable[[HostRun, int], None], batch: int, run: HostRun) -> None:
+def _numbered(change: Callable[[HostRun[S], int], None], batch: int, run: HostRun[S]) -> None:
     change(run, batch)
 
 
@@ -137,7 +155,8 @@ def _keep(opts: RolloutOptions, report: Report) -> None:
                                         report.stopped))
 
 
-def _preflight(runs: list[HostRun], problems: Problems, opts: RolloutOptions, report: Report) -> bool:
+def _preflight(runs: list[HostRun[S]], problems: Callable[[HostRun[S]], list[str]], opts: RolloutOptions,
+               report: Report) -> bool:
     """Before the first batch: an instance in scope already down means the rollout would take more capacity
     than allowed; refuse (naming them) unless --force."""
     for run in runs:

@@ -6,21 +6,23 @@ host is changed, because facts go stale during a long rollout.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import jinja2
 
+from ernie_deploy.errors import DeployError
 from ernie_deploy.orchestration.fleet import Fleet, HostRun, LockHeld
 from ernie_deploy.orchestration.results import Status
+from ernie_deploy.orchestration.steps import StepStatus
 from ernie_deploy.planning.findings import Severity
-from ernie_deploy.planning.plan import PlanContext, plan_host
+from ernie_deploy.planning.plan import HostInputs, PlanContext, build_plan, input_error, read_inputs
 from ernie_deploy.planning.plantypes import Discovered, HostPlan
 from ernie_deploy.planning.render import RenderedFile, render_host
 from ernie_deploy.remote import converge, lock
-from ernie_deploy.remote.command import Op
+from ernie_deploy.remote.command import Intent
 from ernie_deploy.remote.facts import HostFacts, gather_command, parse_facts
 from ernie_deploy.remote.ssh import Failure, RemoteError
 
@@ -59,51 +61,46 @@ def discovered(facts: HostFacts) -> Discovered:
     )
 
 
-def take(fleet: Fleet, run: HostRun, ctx: PlanContext, templates: jinja2.Environment,
+def take(fleet: Fleet, run: HostRun[Any], ctx: PlanContext, templates: jinja2.Environment,
          opts: SnapshotOptions) -> Snapshot | None:
     """The host's snapshot, or None when its plan has errors (the result says so; nothing was touched)."""
     host, result = run.host, run.result
-    pre = plan_host(host, ctx)  # inventory-only plan: paths for the facts script, input errors early
-    if any(f.code == "input" for f in pre.errors):
-        result.findings = pre.errors
+    try:
+        inputs = read_inputs(host, ctx)  # the inventory alone: paths for the facts script, input errors early
+    except DeployError as exc:
+        result.findings = [input_error(exc)]
         result.fail(Status.FAILED, "the plan has errors; nothing was touched")
         return None
     session = fleet.connect(run)
     fleet.progress(host.name, "gathering facts")
-    gather = gather_command(pre.model_path, pre.bin, str(pre.settings["user"].value))
-    if opts.extra:
-        gather = dataclasses.replace(gather, script=gather.script + opts.extra)
+    gather = gather_command(inputs.model_path, inputs.bin, inputs.user, opts.extra)
     if opts.lock is not None and opts.lock_later:
         with fleet.step(run, "facts"):
             text = session.run(gather).text
         facts = parse_facts(text)
         if not facts.lock_info:
-            snap = _build(fleet, run, ctx, templates, opts, text, facts)
+            snap = _build(fleet, run, inputs, ctx, templates, opts, text, facts)
             if snap is None or snap.changes.empty:
                 return snap
             return refresh(fleet, run, snap, opts.prune, lock=opts)
     with fleet.step(run, "facts" if opts.lock is None else "lock + facts"):
-        text = session.run(gather).text if opts.lock is None else lock_and_gather(fleet, run, opts, gather.script)
-    return _build(fleet, run, ctx, templates, opts, text, parse_facts(text))
+        text = session.run(gather).text if opts.lock is None else lock_and_gather(fleet, run, opts, gather.intent)
+    return _build(fleet, run, inputs, ctx, templates, opts, text, parse_facts(text))
 
 
-def _build(fleet: Fleet, run: HostRun, ctx: PlanContext, templates: jinja2.Environment, opts: SnapshotOptions,
-           text: str, facts: HostFacts) -> Snapshot | None:
-    host, result = run.host, run.result
+def _build(fleet: Fleet, run: HostRun[Any], inputs: HostInputs, ctx: PlanContext, templates: jinja2.Environment,
+           opts: SnapshotOptions, text: str, facts: HostFacts) -> Snapshot | None:
+    result = run.result
     with fleet.step(run, "plan") as step:
-        plan = plan_host(host, ctx, discovered(facts))
+        plan = build_plan(inputs, ctx, discovered(facts))
         result.findings = [f for f in plan.findings if f.severity is not Severity.INFO]
         if not plan.ok:
-            step.status = "failed"
+            step.status = StepStatus.FAILED
             result.fail(Status.FAILED, "the plan has errors; nothing was touched")
             return None
     files = render_host(plan, templates) if opts.render else []
-    return Snapshot(plan, facts, files, converge.compute_changes(plan, files, facts, opts.prune, stable_of(plan)),
-                    time.monotonic(), text)
-
-
-def stable_of(plan: HostPlan) -> float:
-    return float(plan.settings["stable_seconds"].value)
+    changes = converge.compute_changes(plan, files, facts, opts.prune, plan.tuning.stable_seconds)
+    return Snapshot(plan, facts, files, changes, time.monotonic(), text)
 
 
 def down(host: str, snap: Snapshot, units: Sequence[str], *, installed_only: bool) -> list[str]:
@@ -111,39 +108,38 @@ def down(host: str, snap: Snapshot, units: Sequence[str], *, installed_only: boo
     `installed_only`, a unit not installed yet is new, not down."""
     out = []
     for unit in units:
-        problem = converge.serving_problem(unit, snap.facts, stable_of(snap.plan))
+        problem = converge.serving_problem(unit, snap.facts, snap.plan.tuning.stable_seconds)
         if problem is not None and (unit in snap.facts.units or not installed_only):
             out.append(f"{host} {unit}: {problem}")
     return out
 
 
-def refresh(fleet: Fleet, run: HostRun, snap: Snapshot, prune: bool,
+def refresh(fleet: Fleet, run: HostRun[Any], snap: Snapshot, prune: bool,
             lock: SnapshotOptions | None = None) -> Snapshot:
     """Re-read the facts and recompute the changes against the same plan. With `lock` (a snapshot read without
     the lock found something to change), take the deploy lock in the same round trip; without, it is held
     already or not wanted."""
     assert run.session is not None
-    pre = snap.plan
-    gather = gather_command(pre.model_path, pre.bin, str(pre.settings["user"].value))
+    plan = snap.plan
+    gather = gather_command(plan.model_path, plan.bin, plan.user)
     if lock is None:
         with fleet.step(run, "facts (re-checked)"):
             facts = parse_facts(run.session.run(gather).text)
     else:
         with fleet.step(run, "lock + facts"):
-            facts = parse_facts(lock_and_gather(fleet, run, lock, gather.script))
-    changes = converge.compute_changes(snap.plan, snap.files, facts, prune, stable_of(snap.plan))
+            facts = parse_facts(lock_and_gather(fleet, run, lock, gather.intent))
+    changes = converge.compute_changes(plan, snap.files, facts, prune, plan.tuning.stable_seconds)
     return Snapshot(snap.plan, facts, snap.files, changes, time.monotonic(), snap.text)
 
 
-def lock_and_gather(fleet: Fleet, run: HostRun, opts: SnapshotOptions, gather: str,
-                    op: Op = Op.LOCK_FACTS) -> str:
+def lock_and_gather(fleet: Fleet, run: HostRun[Any], opts: SnapshotOptions, gather: Intent) -> str:
     """Take the lock and gather facts in one round trip; with --lock-wait retry the same atomic step."""
     assert run.session is not None and opts.lock is not None
     host = run.host.name
     deadline = time.monotonic() + opts.lock_wait
     delay = 1.0
     while True:
-        r = run.session.run(lock.acquire_command(opts.lock, gather, op))
+        r = run.session.run(lock.acquire_command(opts.lock, gather))
         if r.code == 0:
             run.lock_token = opts.lock.token
             return r.text
@@ -158,7 +154,7 @@ def lock_and_gather(fleet: Fleet, run: HostRun, opts: SnapshotOptions, gather: s
         delay = min(delay * 2, 10.0)
 
 
-def release_lock(run: HostRun) -> None:
+def release_lock(run: HostRun[Any]) -> None:
     if run.session is not None and run.lock_token is not None:
-        run.session.run(lock.release_command(run.lock_token))
+        lock.check_release(run.session.run(lock.release_command(run.lock_token)), run.host.name)
         run.lock_token = None

@@ -13,45 +13,19 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
 
 from ernie_deploy.orchestration.cycle import unit_of
+from ernie_deploy.orchestration.details import Drift, StatusReport
 from ernie_deploy.orchestration.fleet import Fleet, HostRun
 from ernie_deploy.orchestration.results import HostResult, Status
-from ernie_deploy.orchestration.snapshot import Snapshot, SnapshotOptions, stable_of, take
+from ernie_deploy.orchestration.snapshot import Snapshot, SnapshotOptions, take
 from ernie_deploy.orchestration.transport import RemoteHost
 from ernie_deploy.planning.plan import PlanContext
 from ernie_deploy.planning.render import environment_for_templates, exec_words, templates_dir, unescape_word
 from ernie_deploy.remote import converge, lock, releases
 from ernie_deploy.remote.status import HostStatus, parse, status_script
 from ernie_deploy.remote.systemd import up_seconds
-
-
-@dataclass(frozen=True)
-class Drift:
-    kind: str  # file, daemon-reload, cmdline, not-applied, pending, drop-in, leftover, process
-    subject: str  # the file, unit or process
-    message: str
-    fix: str
-
-    def to_json(self) -> dict[str, str]:
-        return {"kind": self.kind, "subject": self.subject, "message": self.message, "fix": self.fix}
-
-
-@dataclass
-class HostReport:
-    instances: list[dict[str, Any]] = field(default_factory=list)
-    drift: list[Drift] = field(default_factory=list)
-    release: str | None = None
-    last_change: dict[str, Any] | None = None
-    lock: str | None = None
-    vllm: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"instances": self.instances, "drift": [d.to_json() for d in self.drift], "release": self.release,
-                "last_change": self.last_change, "lock": self.lock, "vllm": self.vllm}
 
 
 def expected_args(snap: Snapshot, unit: str) -> tuple[str, ...] | None:
@@ -90,7 +64,7 @@ def drifts(host: str, snap: Snapshot, seen: HostStatus) -> list[Drift]:
                                                   "so the change is not in effect", fix))
         if unit in facts.pending:
             out.append(Drift("pending", unit, f"{unit}: staged files wait for a restart", fix))
-        problem = converge.serving_problem(unit, facts, stable_of(snap.plan))
+        problem = converge.serving_problem(unit, facts, snap.plan.tuning.stable_seconds)
         if problem is not None:
             out.append(Drift("down", unit, f"{unit}: {problem}", fix))
     for path in changes.dropins:
@@ -114,10 +88,10 @@ def drifts(host: str, snap: Snapshot, seen: HostStatus) -> list[Drift]:
     return out
 
 
-def report_of(host: str, snap: Snapshot, seen: HostStatus) -> HostReport:
+def report_of(host: str, snap: Snapshot, seen: HostStatus) -> StatusReport:
     facts = snap.facts
-    report = HostReport(vllm=facts.vllm_version)
-    stable = stable_of(snap.plan)
+    report = StatusReport(vllm=facts.vllm_version)
+    stable = snap.plan.tuning.stable_seconds
     for inst in snap.plan.instances:
         unit = unit_of(inst)
         state = facts.units.get(unit)
@@ -144,18 +118,24 @@ class StatusReader:
     def __init__(self, ctx: PlanContext, fleet: Fleet, templates: Path | None = None) -> None:
         self.ctx, self.fleet = ctx, fleet
         self.templates = environment_for_templates(templates_dir(templates))
-        self.reports: dict[str, HostReport] = {}
+        self.results: list[HostResult] = []
+
+    @property
+    def reports(self) -> dict[str, StatusReport]:
+        """The report of each host that was read (not those unreachable or with plan errors)."""
+        return {r.host: r.detail for r in self.results if isinstance(r.detail, StatusReport)}
 
     def run(self, hosts: Sequence[RemoteHost]) -> list[HostResult]:
-        return [r.result for r in self.fleet.run(hosts, [self._host])]
+        self.results = [r.result for r in self.fleet.run(hosts, [self._host])]
+        return self.results
 
-    def _host(self, run: HostRun) -> None:
+    def _host(self, run: HostRun[None]) -> None:
         snap = take(self.fleet, run, self.ctx, self.templates, SnapshotOptions(extra=status_script()))
         if snap is None:
             return
         report = report_of(run.host.name, snap, parse(snap.text))
-        self.reports[run.host.name] = report
         result = run.result
+        result.detail = report
         if report.drift:
             result.status = Status.FAILED
             result.message = f"{len(report.drift)} drift(s) from the plan"

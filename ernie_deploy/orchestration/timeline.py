@@ -1,7 +1,7 @@
 """What a rollout did, when: one row per instance, its phases as spans on a shared clock, and marks.
 
-Recorded by the rollout as it runs (thread-safe: hosts of a batch work in parallel) and drawn by
-output/timeline.py; times are seconds since the rollout began.
+The spans are derived from the phase steps of each host (steps.py) as the rollout records them (thread-safe:
+hosts of a batch work in parallel), and drawn by output/timeline.py; times are seconds since the rollout began.
 """
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+
+from ernie_deploy.orchestration.steps import Step, StepStatus
 
 PHASES = ("hook", "drain", "stop", "gpu-release", "load", "ready", "rollback")
 
@@ -19,7 +21,7 @@ class Span:
     phase: str  # one of PHASES
     start: float
     end: float
-    status: str = "ok"  # ok | failed | warn
+    status: StepStatus = StepStatus.OK  # ok | failed | warn
 
 
 @dataclass(frozen=True)
@@ -40,10 +42,10 @@ class Timeline:
     def now(self) -> float:
         return time.monotonic() - self._t0
 
-    def span(self, row: str, phase: str, start: float, status: str = "ok", end: float | None = None) -> None:
-        """A span from `start` to `end` (default: now). Hosts of a batch record theirs from parallel threads."""
+    def record(self, host: str, step: Step) -> None:
+        """A phase step's spans. Hosts of a batch record theirs from parallel threads."""
         with self._lock:
-            self.spans.append(Span(row, phase, start, self.now() if end is None else end, status))
+            self.spans += spans_of(host, step)
 
     def mark(self, kind: str, label: str) -> None:
         with self._lock:
@@ -53,3 +55,24 @@ class Timeline:
     def rows(self) -> list[str]:
         """Rows in the order they first appear."""
         return list(dict.fromkeys(s.row for s in self.spans))
+
+
+def spans_of(host: str, step: Step) -> list[Span]:
+    """A phase step drawn: one span per unit; a readiness watch is its unit loading (from its start) until it
+    first served, then ready; the undo step draws the units it could only stop and disable (nothing to go back
+    to), a warning."""
+    if step.phase is None:
+        return []
+    out = []
+    for unit in step.units:
+        row = f"{host} {unit}"
+        if step.phase == "ready":
+            loading = "rollback" if step.restored else "load"
+            out.append(Span(row, loading, step.started, step.ended if step.healthy is None else step.healthy,
+                            step.status))
+            if step.healthy is not None:
+                out.append(Span(row, "ready", step.healthy, step.ended, step.status))
+        else:
+            status = StepStatus.WARN if step.phase == "rollback" else step.status
+            out.append(Span(row, step.phase, step.started, step.ended, status))
+    return out

@@ -15,6 +15,7 @@ from ernie_deploy.orchestration.fleet import Fleet, FleetOptions, HostRun
 from ernie_deploy.orchestration.instancecheck import api_key, instance_checks, requests_for
 from ernie_deploy.orchestration.results import HostResult, Status
 from ernie_deploy.orchestration.snapshot import Snapshot, SnapshotOptions, take
+from ernie_deploy.orchestration.steps import StepStatus
 from ernie_deploy.orchestration.transport import Connector, Progress, RemoteHost
 from ernie_deploy.planning.findings import Severity
 from ernie_deploy.planning.plan import PlanContext
@@ -44,9 +45,11 @@ def drift_checks(snap: Snapshot) -> list[CheckResult]:
 
 class Verifier:
     def __init__(self, ctx: PlanContext, connector: Connector, options: FleetOptions,
-                 progress: Progress | None = None, expectations: Expectations | None = None) -> None:
+                 progress: Progress | None = None, expectations: Expectations | None = None,
+                 fleet: Fleet | None = None) -> None:
+        """`fleet`: run on this one (a playbook's task) instead of a new one."""
         self.ctx = ctx
-        self.fleet = Fleet(connector, options, progress)
+        self.fleet = fleet or Fleet(connector, options, progress)
         self.templates = environment_for_templates(templates_dir())
         self.expectations = expectations or Expectations()
 
@@ -58,7 +61,7 @@ class Verifier:
     def run(self, hosts: Sequence[RemoteHost]) -> list[HostResult]:
         return [r.result for r in self.fleet.run(hosts, [self._host])]
 
-    def _host(self, run: HostRun) -> None:
+    def _host(self, run: HostRun[None]) -> None:
         result = run.result
         snap = take(self.fleet, run, self.ctx, self.templates, SnapshotOptions(render=False))
         if snap is None:
@@ -79,7 +82,7 @@ class Verifier:
             result.checks += drift_checks(snap)
             failed = [c for c in result.checks if c.status == "fail"]
             warned = [c for c in result.checks if c.status == "warn"]
-            step.status = "failed" if failed else "ok"
+            step.status = StepStatus.FAILED if failed else StepStatus.OK
         result.status = Status.FAILED if failed else Status.OK
         warnings = f", {len(warned)} warning(s)" if warned else ""
         result.message = (f"{len(failed)} of {len(result.checks)} checks failed" if failed else

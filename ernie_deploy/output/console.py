@@ -24,6 +24,16 @@ def verbatim(text: str) -> None:
     out.print(text, markup=False, highlight=False, soft_wrap=True, end="" if text.endswith("\n") else "\n")
 
 
+def error(problem: object) -> None:
+    """An error that ends a command (or a host's part in it): one greppable line, then any fix."""
+    err.print(f"error: {problem}", markup=False, highlight=False)
+
+
+def note(text: str) -> None:
+    """A line for the operator beside the output: progress, warnings, what the command is doing."""
+    err.print(text, markup=False)
+
+
 def print_json(data: Any) -> None:
     """Machine-readable output: plain JSON on stdout, no colour, no wrapping."""
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")

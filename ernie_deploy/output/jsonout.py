@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ernie_deploy.orchestration.results import HostResult, Step
+from ernie_deploy.orchestration.results import HostResult
+from ernie_deploy.orchestration.steps import Step
 from ernie_deploy.output.schemas import RESULTS_SCHEMA
 
 # v2: each host carries its steps, the release a change recorded, leftover units and drop-ins.
@@ -19,14 +20,16 @@ def step_json(s: Step) -> dict[str, Any]:
 
 
 def host_json(r: HostResult) -> dict[str, Any]:
+    """The core and the change detail, flat (a host no deploy, restart or rollback reached has empty ones)."""
+    ch = r.change
     return {
         "host": r.host, "status": r.status.value, "message": r.message, "hint": r.hint,
-        "changed_files": r.changed_files, "restarted": r.restarted, "started": r.started,
-        "enabled": r.enabled, "pruned": r.pruned, "leftover": r.leftover, "dropins": r.dropins,
-        "reasons": r.reasons, "diffs": r.diffs,
+        "changed_files": ch.changed_files, "restarted": ch.restarted, "started": ch.started,
+        "enabled": ch.enabled, "pruned": ch.pruned, "leftover": ch.leftover, "dropins": ch.dropins,
+        "reasons": ch.reasons, "diffs": ch.diffs,
         "findings": [f.to_json() for f in r.findings], "evidence": r.evidence,
         "checks": [c.to_json() for c in r.checks], "steps": [step_json(s) for s in r.steps],
-        "release": r.release, "batch": r.batch, "timings": r.timings, "rollbacks": r.rollbacks,
+        "release": ch.release, "batch": ch.batch, "timings": r.timings, "rollbacks": ch.rollbacks,
         "remote_commands": r.commands, "seconds": round(r.seconds, 3),
     }
 

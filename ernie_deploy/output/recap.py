@@ -16,6 +16,7 @@ COLOUR = {Status.OK: "green", Status.CHANGED: "yellow", Status.FAILED: "bold red
 
 def show_results(results: Sequence[HostResult], verbose: int = 0) -> None:
     for r in results:
+        ch = r.change
         console.out.print(f"[{COLOUR[r.status]}]{r.status.value}[/]: [bold]{r.host}[/] ({r.seconds:.1f}s) "
                           f"{r.message}", markup=True, highlight=False)
         if r.hint:
@@ -24,23 +25,23 @@ def show_results(results: Sequence[HostResult], verbose: int = 0) -> None:
             console.out.print(f"    [{STYLE[f.severity]}]{f.severity.value}[/] [{f.code}] {f.message}", markup=True)
             if f.fix:
                 console.out.print(f"      fix: {f.fix}", markup=False)
-        for path in r.changed_files:
+        for path in ch.changed_files:
             console.out.print(f"    changed: {path}", markup=False)
-        for unit in r.restarted + r.started:
-            verb = "restart" if unit in r.restarted else "start"
-            console.out.print(f"    {verb}: {unit} ({r.reasons.get(unit, '')})", markup=False)
-        for unit in r.pruned:
+        for unit in ch.restarted + ch.started:
+            verb = "restart" if unit in ch.restarted else "start"
+            console.out.print(f"    {verb}: {unit} ({ch.reasons.get(unit, '')})", markup=False)
+        for unit in ch.pruned:
             console.out.print(f"    prune: {unit}", markup=False)
-        for unit in r.leftover:
-            if unit not in r.pruned:
+        for unit in ch.leftover:
+            if unit not in ch.pruned:
                 console.out.print(f"    not in the plan: {unit} (remove with --prune)", markup=False)
-        for path in r.dropins:
+        for path in ch.dropins:
             console.out.print(f"    drop-in: {path}", markup=False)
-        for diff in r.diffs:
+        for diff in ch.diffs:
             console.verbatim(diff)
         for line in r.evidence:
             console.out.print(f"    | {line}", markup=False)
-        for line in r.rollbacks:
+        for line in ch.rollbacks:
             console.out.print(f"    rollback: {line}", markup=False)
         bad = [c for c in r.checks if c.status != "pass"]
         for c in bad:
@@ -48,8 +49,8 @@ def show_results(results: Sequence[HostResult], verbose: int = 0) -> None:
         if r.checks and verbose:
             for c in r.checks:
                 console.out.print(f"    {c.status} {c.instance} {c.name}: {c.summary}", markup=False)
-        if r.release:
-            console.out.print(f"    release: {r.release}", markup=False)
+        if ch.release:
+            console.out.print(f"    release: {ch.release}", markup=False)
         if verbose:
             for s in r.steps:
                 evidence = f": {'; '.join(s.evidence)}" if s.evidence else ""

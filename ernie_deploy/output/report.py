@@ -1,10 +1,13 @@
-"""Human-readable reports of plans and explanations (rich, through console.py)."""
+"""What plan, explain and render print: human-readable plans and explanations (rich, through console.py), or
+their JSON."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
+from ernie_deploy.errors import DeployError
 from ernie_deploy.output import console
+from ernie_deploy.output.schemas import PLAN_SCHEMA, RENDER_SCHEMA
 from ernie_deploy.planning.findings import Severity
 from ernie_deploy.planning.memory import GIB
 from ernie_deploy.planning.plantypes import HostPlan
@@ -84,7 +87,7 @@ def flag_sources(plan: HostPlan) -> list[list[str]]:
 
 
 def _profile_args(plan: HostPlan) -> tuple[str, ...]:
-    extra = tuple(plan.settings["extra_args"].value) if "extra_args" in plan.settings else ()
+    extra = plan.tuning.extra_args
     args = plan.instances[0].args if plan.instances else ()
     return args[: len(args) - len(extra)]
 
@@ -110,3 +113,35 @@ def show_explain(plan: HostPlan) -> None:
                           markup=False)
     if plan.ok:
         console.table("flags of each unit's ExecStart", ["unit", "flag", "value", "why"], flag_sources(plan))
+
+
+def show_plan_command(plans: Sequence[HostPlan], *, json: bool, verbose: bool) -> None:
+    """`plan`: every host's plan and a one-line summary, or the plan JSON."""
+    if json:
+        console.print_json({"schema": PLAN_SCHEMA, "ok": all(p.ok for p in plans),
+                            "hosts": [p.to_json() for p in plans]})
+        return
+    show_plans(plans, verbose=verbose)
+    bad = [p.name for p in plans if not p.ok]
+    summary = f"{len(plans)} host(s), {len(bad)} with errors" + (f": {', '.join(bad)}" if bad else "")
+    console.out.print(summary, markup=False)
+
+
+def show_explain_command(plan: HostPlan, *, json: bool) -> None:
+    if json:
+        console.print_json({"schema": PLAN_SCHEMA, **plan.to_json()})
+        return
+    show_explain(plan)
+    show_plans([plan], verbose=True)
+
+
+def show_render(written: Sequence[str], failed: Mapping[str, DeployError], *, json: bool) -> None:
+    """`render`: the files written, and the hosts that could not be rendered (on stderr)."""
+    if json:
+        console.print_json({"schema": RENDER_SCHEMA, "written": list(written),
+                            "failed": {h: str(e) for h, e in failed.items()}})
+        return
+    for path in written:
+        console.out.print(f"wrote {path}", markup=False)
+    for exc in failed.values():
+        console.error(exc)

@@ -1,5 +1,6 @@
-"""Planning: inventory host + recommendation table + model facts → a validated HostPlan. Pure: no I/O
-beyond reading the local data files and model configs it is pointed at."""
+"""Planning: inventory host + recommendation table + model facts → a validated HostPlan. The inventory is read
+and checked first (HostInputs: what the facts are gathered with); the plan is built from it once, with the host's
+facts when a run has them. Pure: no I/O beyond reading the local data files and model configs it is pointed at."""
 
 from __future__ import annotations
 
@@ -15,12 +16,12 @@ from ernie_deploy.planning.cpubackend import cpu_findings, instance_binds
 from ernie_deploy.planning.findings import Finding, Severity
 from ernie_deploy.planning.hardware import Catalog, GpuType, load_catalog
 from ernie_deploy.planning.models import ModelSpec, bundled_model, load_model, spec_from_config
-from ernie_deploy.planning.plantypes import Discovered, HostPlan, InstancePlan
+from ernie_deploy.planning.plantypes import Discovered, HostPlan, InstancePlan, Tuning
 from ernie_deploy.planning.recommend import Row, Table, load_table
 from ernie_deploy.planning.render import unsafe_values
-from ernie_deploy.planning.settings import DEFAULTS, Setting, host_secrets, inventory_settings, venv_bin
+from ernie_deploy.planning.settings import DEFAULTS, Secret, Setting, host_secrets, inventory_settings, venv_bin
 from ernie_deploy.planning.validate import check_instance, check_sharing, memory_for
-from ernie_deploy.planning.versions import parse_version, version_facts
+from ernie_deploy.planning.versions import Version, parse_version, version_facts
 
 
 class HostLike(Protocol):
@@ -122,17 +123,97 @@ def _layers(table: Table, row: Row | None, fallback: Mapping[str, Any], inv: Map
     return layers
 
 
-def plan_host(host: HostLike, ctx: PlanContext, discovered: Discovered | None = None) -> HostPlan:
-    """Plan one host, from its inventory variables and, when given, what the host itself reported.
-    Bad input becomes an error finding, so one bad host never hides the others."""
+@dataclass(frozen=True)
+class HostInputs:
+    """A host's inventory, read and checked before anything connects: what its facts are gathered with and what
+    its plan is built from, once those facts are in. Reading it raises every error that needs no facts."""
+
+    host: HostLike
+    inv: dict[str, Any]  # the vllm_* variables, validated
+    secrets: dict[str, Secret]
+    gpu: GpuType  # as the inventory declares them
+    gpu_count: int
+    row: Row | None
+    base: dict[str, Any]  # defaults < table defaults < row < inventory, without sources
+    model: ModelSpec  # from vllm_model_config, a local vllm_model_source or the bundled configs
+    profile: str
+    version_text: str  # vllm_version, or the default version
+    version: Version
+    bin: str
+    user: str
+
+    @property
+    def model_path(self) -> str:
+        return str(self.base["model"])
+
+
+def read_inputs(host: HostLike, ctx: PlanContext) -> HostInputs:
+    """The host's inventory, checked; raises DeployError on bad input."""
+    where = host.name
+    inv = inventory_settings(host.vars, where)
+    gpu, gpu_count = _gpu(host, ctx.catalog)
+    table = ctx.table
+    row = table.match(gpu, gpu_count)
+    base = {**DEFAULTS, **table.defaults, **(row.settings if row else {}), **inv}
+    model_path = str(base["model"])
+    model = ctx.model(model_path, base.get("model_config") or _source_config(ctx, base.get("model_source")), where)
+    if row is None and not base.get("allow_fallback"):
+        rows = "; ".join(r.describe() for r in table.rows)
+        raise DeployError(
+            f"no row of the recommendation table matches {gpu_count} × {gpu.name}", where=where,
+            hint=f"known rows: {rows}. Add a row to {table.path}, or set vllm_allow_fallback: true "
+                 "to compute TP and context from the profile")
+    profile_name = str(base.get("profile") or "dev")
+    table.profile(profile_name, where)
+    version_text = str(base.get("version") or version_facts().default)
+    # One venv per version, so a version change is a unit change (docs/provisioning.md).
+    bin_ = str(base["bin"]) if "bin" in base else venv_bin(version_text)
+    version = parse_version(version_text, f"{where}: vllm_version")
+    count = int(base["instances"])
+    if count < 1:
+        raise DeployError(f"vllm_instances must be ≥ 1, got {count}", where=where)
+    secrets = host_secrets(host.vars, where)
+    if "api_key" in base:
+        secrets["VLLM_API_KEY"] = base["api_key"]
+    return HostInputs(host=host, inv=inv, secrets=secrets, gpu=gpu, gpu_count=gpu_count, row=row, base=base,
+                      model=model, profile=profile_name, version_text=version_text, version=version, bin=bin_,
+                      user=str(base["user"]))
+
+
+def plan_host(host: HostLike, ctx: PlanContext) -> HostPlan:
+    """Plan one host from its inventory variables alone. Bad input becomes an error finding, so one bad host
+    never hides the others."""
     try:
-        return _plan_host(host, ctx, discovered)
+        inputs = read_inputs(host, ctx)
     except DeployError as exc:
-        return HostPlan(
-            name=host.name, address=host.address, gpu=None, gpu_count=0, row=None, profile=None, model=None,
-            model_path="", version="", bin="", user="", drain_timeout=0, env={}, secrets={}, settings={},
-            instances=(), findings=(Finding(Severity.ERROR, "input", exc.message, fix=exc.hint),),
-        )
+        return _failed(host, exc)
+    return build_plan(inputs, ctx)
+
+
+def build_plan(inputs: HostInputs, ctx: PlanContext, discovered: Discovered | None = None) -> HostPlan:
+    """The host's plan from its checked inventory and, when given, what the host itself reported."""
+    try:
+        return _build(inputs, ctx, discovered)
+    except DeployError as exc:
+        return _failed(inputs.host, exc)
+
+
+def input_error(exc: DeployError) -> Finding:
+    return Finding(Severity.ERROR, "input", exc.message, fix=exc.hint)
+
+
+def _failed(host: HostLike, exc: DeployError) -> HostPlan:
+    return HostPlan(
+        name=host.name, address=host.address, gpu=None, gpu_count=0, row=None, profile=None, model=None,
+        model_path="", version="", bin="", user="", drain_timeout=0, env={}, secrets={}, settings={},
+        tuning=_tuning(DEFAULTS), instances=(), findings=(input_error(exc),),  # never rolled out: defaults do
+    )
+
+
+def _tuning(values: Mapping[str, Any]) -> Tuning:
+    return Tuning(startup_budget=float(values["startup_budget"]), stable_seconds=float(values["stable_seconds"]),
+                  keep_releases=int(values["keep_releases"]), share_gpus=bool(values["share_gpus"]),
+                  extra_args=tuple(values.get("extra_args", ())))
 
 
 def _discovered_gpu(host: HostLike, catalog: Catalog, found: Discovered) -> tuple[GpuType, int]:
@@ -154,67 +235,58 @@ def _discovered_gpu(host: HostLike, catalog: Catalog, found: Discovered) -> tupl
     return gpu, found.gpu_count
 
 
-def _plan_host(host: HostLike, ctx: PlanContext, discovered: Discovered | None) -> HostPlan:
-    where = host.name
-    inv = inventory_settings(host.vars, where)
-    if discovered is None:
-        gpu, gpu_count = _gpu(host, ctx.catalog)
-    else:
-        gpu, gpu_count = _discovered_gpu(host, ctx.catalog, discovered)
-    table = ctx.table
-    row = table.match(gpu, gpu_count)
-    base = {**DEFAULTS, **table.defaults, **(row.settings if row else {}), **inv}
-    model_path = str(base["model"])
-    if discovered is not None and discovered.model_config is None:
-        raise DeployError(f"no readable config.json under {model_path} on the host: {discovered.model_error}",
+def _discovered_model(inputs: HostInputs, found: Discovered) -> ModelSpec:
+    """The model as the host has it: its own config.json, which vllm_user must be able to read."""
+    where, model_path = inputs.host.name, inputs.model_path
+    if found.model_config is None:
+        raise DeployError(f"no readable config.json under {model_path} on the host: {found.model_error}",
                           where=where, hint="set vllm_model_source and run `ernie-deploy provision --limit "
-                                            f"{host.name}`, or set vllm_model to where the model is")
-    if discovered is not None and discovered.model_readable is False:
+                                            f"{where}`, or set vllm_model to where the model is")
+    if found.model_readable is False:
         # Facts are read as root; vLLM runs as vllm_user and would fail to open the file.
         raise DeployError(f"{model_path.rstrip('/')}/config.json is not readable by vllm_user "
-                          f"{base.get('user', 'vllm')!r} (vLLM runs as that user)", where=where,
+                          f"{inputs.base.get('user', 'vllm')!r} (vLLM runs as that user)", where=where,
                           hint=f"make the model directory readable: chmod -R o+rX {model_path} (or chown it to "
                                "that user)")
-    if discovered is not None and discovered.model_config is not None:
-        model = spec_from_config(discovered.model_config, posixpath.basename(model_path.rstrip("/")),
-                                 f"{where}:{model_path.rstrip('/')}/config.json")
-    else:
-        model = ctx.model(model_path, base.get("model_config") or _source_config(ctx, base.get("model_source")),
-                          where)
-    fallback: dict[str, Any] = {}
-    if row is None:
-        if not base.get("allow_fallback"):
-            rows = "; ".join(r.describe() for r in table.rows)
-            raise DeployError(
-                f"no row of the recommendation table matches {gpu_count} × {gpu.name}", where=where,
-                hint=f"known rows: {rows}. Add a row to {table.path}, or set vllm_allow_fallback: true "
-                     "to compute TP and context from the profile")
-        fallback = _fallback(model, gpu_count)
-    profile_name = str(base.get("profile") or "dev")
-    table.profile(profile_name, where)
-    layers = _layers(table, row, fallback, inv, profile_name, "profile" in inv)
-    settings = _resolve(layers)
+    return spec_from_config(found.model_config, posixpath.basename(model_path.rstrip("/")),
+                            f"{where}:{model_path.rstrip('/')}/config.json")
+
+
+def _discovered_version(inputs: HostInputs, found: Discovered) -> str:
+    """The vLLM the host has, which must be the one vllm_version pins."""
+    where = inputs.host.name
+    if found.vllm_version is None:
+        raise DeployError(f"no vLLM at {inputs.bin} on the host: {found.vllm_error}", where=where,
+                          hint=f"install it with `ernie-deploy provision --limit {where}`, or set "
+                               "vllm_bin to where it is")
+    pinned = inputs.inv.get("version")
+    if "version" in inputs.inv and parse_version(str(pinned)) != parse_version(found.vllm_version):
+        raise DeployError(f"vllm_version pins {pinned}, but {inputs.bin} is vLLM {found.vllm_version}", where=where,
+                          hint=f"install the pinned version with `ernie-deploy provision --limit {where}`, "
+                               "or change vllm_version")
+    return found.vllm_version
+
+
+def _build(inputs: HostInputs, ctx: PlanContext, discovered: Discovered | None) -> HostPlan:
+    host = inputs.host
+    gpu, gpu_count, model = inputs.gpu, inputs.gpu_count, inputs.model
+    version_text, version = inputs.version_text, inputs.version
+    if discovered is not None:
+        # GPUs that disagree with the inventory's are errors, so the table row read from the inventory holds.
+        gpu, gpu_count = _discovered_gpu(host, ctx.catalog, discovered)
+        model = _discovered_model(inputs, discovered)
+    fallback = _fallback(model, gpu_count) if inputs.row is None else {}
+    settings = _resolve(_layers(ctx.table, inputs.row, fallback, inputs.inv, inputs.profile, "profile" in inputs.inv))
+    if "bin" not in settings:
+        settings["bin"] = Setting(inputs.bin, f"default for vLLM {version_text}")
+    if discovered is not None:
+        version_text = _discovered_version(inputs, discovered)
+        version = parse_version(version_text, f"{host.name}: vllm_version")
 
     def value(name: str, default: Any = None) -> Any:
         return settings[name].value if name in settings else default
 
-    version_text = str(value("version") or version_facts().default)
-    if "bin" not in settings:
-        # One venv per version, so a version change is a unit change (docs/provisioning.md).
-        settings["bin"] = Setting(venv_bin(version_text), f"default for vLLM {version_text}")
-    if discovered is not None:
-        if discovered.vllm_version is None:
-            raise DeployError(f"no vLLM at {value('bin')} on the host: {discovered.vllm_error}", where=where,
-                              hint=f"install it with `ernie-deploy provision --limit {host.name}`, or set "
-                                   "vllm_bin to where it is")
-        if "version" in inv and parse_version(str(inv["version"])) != parse_version(discovered.vllm_version):
-            raise DeployError(f"vllm_version pins {inv['version']}, but {value('bin')} is vLLM "
-                              f"{discovered.vllm_version}", where=where,
-                              hint=f"install the pinned version with `ernie-deploy provision --limit {host.name}`, "
-                                   "or change vllm_version")
-        version_text = discovered.vllm_version
-    version = parse_version(version_text, f"{where}: vllm_version")
-    instances = _instances(host, ctx, model, gpu, gpu_count, value, settings)
+    instances = _instances(ctx, model, gpu, gpu_count, value)
     findings: list[Finding] = []
     for inst in instances:
         findings += check_instance(inst, model, gpu, gpu_count, version, version_text)
@@ -222,24 +294,18 @@ def _plan_host(host: HostLike, ctx: PlanContext, discovered: Discovered | None) 
     findings += _layout_findings(instances, gpu_count, bool(value("share_gpus")))
     env = dict(value("env", {}))
     findings += cpu_findings(instances, value("cpu_kvcache_space"), value("cpu_omp_threads_bind"), version_text, env)
-    secrets = host_secrets(host.vars, where)
-    if "api_key" in settings:
-        secrets["VLLM_API_KEY"] = settings["api_key"].value
     plan = HostPlan(
         name=host.name, address=host.address, gpu=gpu, gpu_count=gpu_count,
-        row=row.name if row else None, profile=profile_name, model=model, model_path=model_path,
-        version=version_text, bin=str(value("bin")), user=str(value("user")),
-        drain_timeout=int(value("drain_timeout")), env=env, secrets=secrets, settings=settings,
-        instances=tuple(instances), findings=(),
+        row=inputs.row.name if inputs.row else None, profile=inputs.profile, model=model,
+        model_path=inputs.model_path, version=version_text, bin=inputs.bin, user=inputs.user,
+        drain_timeout=int(value("drain_timeout")), env=env, secrets=dict(inputs.secrets), settings=settings,
+        tuning=_tuning({name: s.value for name, s in settings.items()}), instances=tuple(instances), findings=(),
     )
     return replace(plan, findings=tuple(_ordered(findings + unsafe_values(plan))))
 
 
-def _instances(host: HostLike, ctx: PlanContext, model: ModelSpec, gpu: GpuType, gpu_count: int,
-               value: Any, settings: dict[str, Setting]) -> list[InstancePlan]:
+def _instances(ctx: PlanContext, model: ModelSpec, gpu: GpuType, gpu_count: int, value: Any) -> list[InstancePlan]:
     count = int(value("instances", 1))
-    if count < 1:
-        raise DeployError(f"vllm_instances must be ≥ 1, got {count}", where=host.name)
     tp = int(value("tensor_parallel_size", 1))
     pp = int(value("pipeline_parallel_size", 1))
     per = max(tp, 1) * max(pp, 1)

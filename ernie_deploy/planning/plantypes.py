@@ -53,6 +53,18 @@ class InstancePlan:
 
 
 @dataclass(frozen=True)
+class Tuning:
+    """The settings the rollout, its checks and the exports act on, typed; `HostPlan.settings` keeps where each
+    came from, for explain."""
+
+    startup_budget: float  # seconds a (re)started instance may take to become ready
+    stable_seconds: float  # seconds an instance must stay healthy (or up) to count as ready (or serving)
+    keep_releases: int  # releases kept on the host for rollback
+    share_gpus: bool
+    extra_args: tuple[str, ...]  # vllm_extra_args: the end of every instance's args, after the profile's flags
+
+
+@dataclass(frozen=True)
 class HostPlan:
     name: str
     address: str
@@ -69,6 +81,7 @@ class HostPlan:
     env: dict[str, str]
     secrets: dict[str, Secret]
     settings: dict[str, Setting]
+    tuning: Tuning
     instances: tuple[InstancePlan, ...]
     findings: tuple[Finding, ...] = field(default_factory=tuple)
 

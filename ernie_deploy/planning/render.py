@@ -20,14 +20,13 @@ from ernie_deploy.errors import DeployError, RenderError
 from ernie_deploy.planning.bulk import collector_paused
 from ernie_deploy.planning.cpubackend import BIND_ENV, KVCACHE_ENV
 from ernie_deploy.planning.findings import Finding, Severity
+from ernie_deploy.planning.hostpaths import ENV_DIR, UNIT_DIR
 from ernie_deploy.planning.plantypes import HostPlan, InstancePlan
 from ernie_deploy.planning.versions import parse_version, version_facts
 
 if TYPE_CHECKING:
     import jinja2
 
-UNIT_DIR = "/etc/systemd/system"
-ENV_DIR = "/etc/ernie-deploy"
 TEMPLATE_NAMES = ("vllm.service.j2", "vllm.env.j2")
 # C0/C1 controls and Unicode line separators: none belongs in a unit file, several end a line somewhere.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
@@ -196,7 +195,7 @@ def _check_identity(plan: HostPlan) -> None:
 
 
 def unsafe_values(plan: HostPlan) -> list[Finding]:
-    """Every value rendering would refuse, as plan errors. plan_host runs this, so `plan`, `render` and
+    """Every value rendering would refuse, as plan errors. build_plan runs this, so `plan`, `render` and
     `deploy` share one validation: what `plan` accepts, `render` renders."""
     found: list[Finding] = []
 

@@ -8,7 +8,7 @@ FILE:LINE, the key path and the closest valid name before any host is contacted.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,56 +16,9 @@ from typing import Any
 from ernie_deploy.checks.expectations import Expectations
 from ernie_deploy.errors import ConfigError, DeployError
 from ernie_deploy.planning.batches import SerialItem, parse_percentage, parse_serial
+from ernie_deploy.playbook.actions import ACTIONS, NUMBER, STRINGS
 from ernie_deploy.playbook.yamlmarks import Marked, load
 
-NUMBER = (int, float)
-STRINGS = "list of strings"
-
-
-@dataclass(frozen=True)
-class Arg:
-    kind: type | tuple[type, ...] | str  # a type, types, or STRINGS
-    help: str
-    required: bool = False
-
-
-_ROLL = {
-    "always": Arg(bool, "restart every instance in scope, not only those whose files changed or are not serving"),
-    "instance": Arg((int, str), "only this instance of each host: its index or unit name"),
-    "pre_drain": Arg(str, "controller command before an instance is stopped (take it out of the balancer)"),
-    "post_ready": Arg(str, "controller command after an instance passed the readiness gate (put it back)"),
-    "hook_timeout": Arg(NUMBER, "longest a hook may run, seconds (default 60)"),
-    "idle_timeout": Arg(NUMBER, "seconds to wait for in-flight requests to reach 0 (default 60)"),
-    "gpu_release_timeout": Arg(NUMBER, "seconds to wait for an instance's GPUs to be free (default 120)"),
-    "startup_budget": Arg(NUMBER, "seconds a started instance may take to be ready (default vllm_startup_budget)"),
-    "parallel_instances": Arg(bool, "restart a host's instances at once instead of one at a time"),
-    "rollback": Arg(bool, "restore what ran before on a failed instance (default true)"),
-    "force": Arg(bool, "start although instances in scope are already down"),
-}
-
-# action → its arguments. Each action is one of the toolkit's operations (docs/playbooks.md says what each does).
-ACTIONS: dict[str, dict[str, Arg]] = {
-    "provision": {"verify_files": Arg(bool, "re-hash the model files on the host"),
-                  "bwlimit": Arg(str, "copy rate limit, e.g. 50M")},
-    "plan": {},
-    "converge": {"prune": Arg(bool, "also remove units of instances no longer in the plan")},
-    "rolling": _ROLL,
-    "restart": _ROLL,
-    "wait_ready": {"timeout": Arg(NUMBER, "seconds to wait for every instance to serve (default 600)")},
-    "verify": {"expect": Arg(STRINGS, "log patterns that must appear in the start-up log"),
-               "forbid": Arg(STRINGS, "log patterns that must not appear"),
-               "stream": Arg(bool, "ask for the smoke completion as a stream")},
-    "gpu_check": {},
-    "hook": {"run": Arg(str, "the command, run with /bin/sh -c on the controller", required=True),
-             "timeout": Arg(NUMBER, "seconds before it is killed (default 60)"),
-             "once": Arg(bool, "run once for the play instead of once per host")},
-    "pause": {"seconds": Arg(NUMBER, "wait this long"),
-              "prompt": Arg(str, "wait until the operator presses Enter (refused without a terminal)")},
-    "command": {"run": Arg(str, "the command, run with /bin/sh -c on each host as root", required=True),
-                "timeout": Arg(NUMBER, "seconds before it counts as failed (default 600)")},
-}
-# Actions that change hosts: `--check` reports them without running them.
-CHANGING = {"provision", "converge", "rolling", "restart", "command"}
 TASK_KEYS = {"name", "tags"}
 PLAY_KEYS = {"name", "hosts", "vars", "serial", "max_fail_percentage", "any_errors_fatal", "canary", "tags", "tasks"}
 
@@ -80,7 +33,21 @@ class Task:
 
     @property
     def changes_hosts(self) -> bool:
-        return self.action in CHANGING
+        return ACTIONS[self.action].changes_hosts
+
+    def arg(self, name: str) -> Any:
+        """The argument as the task gives it, else its default from the registry (playbook/actions.py)."""
+        return self.args.get(name, ACTIONS[self.action].args[name].default)
+
+    def number(self, name: str) -> float:
+        return float(self.arg(name))
+
+    def flag(self, name: str) -> bool:
+        return bool(self.arg(name))
+
+    def text(self, name: str) -> str | None:
+        value = self.arg(name)
+        return None if value is None else str(value)
 
 
 @dataclass(frozen=True)
@@ -134,8 +101,7 @@ class Playbook:
 
 
 def verify_expectations(task: Task) -> Expectations:
-    return Expectations(tuple(task.args.get("expect", ())), tuple(task.args.get("forbid", ())),
-                        bool(task.args.get("stream", False)))
+    return Expectations(tuple(task.arg("expect")), tuple(task.arg("forbid")), task.flag("stream"))
 
 
 def closest(word: str, choices: Sequence[str] | set[str] | frozenset[str]) -> str:
@@ -161,7 +127,7 @@ def load_playbook(path: Path, valid_pattern: Callable[[str], str | None] | None 
     return Playbook(path, plays, tags)
 
 
-def _unknown(doc: Marked, key: str, name: str, valid: set[str] | dict[str, Any], what: str) -> ConfigError:
+def _unknown(doc: Marked, key: str, name: str, valid: Collection[str], what: str) -> ConfigError:
     hint = closest(name, set(valid))
     return doc.error(f"{key}.{name}" if key else name, f"unknown {what}",
                      hint=(hint + "; " if hint else "") + f"valid: {', '.join(sorted(valid))}")
@@ -259,7 +225,7 @@ def _task(doc: Marked, key: str, item: Any, play_tags: frozenset[str]) -> Task:
     action = actions[0]
     raw = item[action]
     args = _expect(doc, f"{key}.{action}", raw if raw is not None else {}, dict)
-    spec = ACTIONS[action]
+    spec = ACTIONS[action].args
     checked: dict[str, Any] = {}
     for name, value in args.items():
         if name not in spec:

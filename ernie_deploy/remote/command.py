@@ -1,9 +1,10 @@
 """Typed remote commands: what the orchestration asks a host to do, as a value.
 
-A command is an operation name plus the shell script that performs it (and its stdin, which carries any
-data and secrets: never the command line; file copies stream after it). Transports run the script; a
-scripted fake transport in the tests answers by the operation, so flows are tested on what they mean, not on
-display labels.
+A command is an intent (what it means: stage these files, undo these units, take this lock) plus how it
+travels: its stdin, which carries any data and secrets (never the command line; file copies stream after it),
+its timeout and whether a failure raises. The shell script is rendered from the intent, so what a command
+says it does and what the host runs cannot disagree. Transports run the script; a scripted fake transport in
+the tests answers from the intent, so flows are tested on what they mean, not on shell text or display labels.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
+from typing import ClassVar, Protocol
 
 
 class Op(Enum):
@@ -44,22 +46,54 @@ class Op(Enum):
     SCRIPT = "script"  # an ad-hoc script (tests, the lab): no orchestration flow sends one
 
 
+class Intent(Protocol):
+    """What a command means. Each kind is a small frozen dataclass beside its builder in remote/, naming its
+    operation (`op`, mostly a class constant) and rendering its own shell script."""
+
+    @property
+    def op(self) -> Op: ...
+
+    def render(self) -> str: ...
+
+    @property
+    def label(self) -> str:
+        """What logs and the command log call it."""
+        return self.op.value
+
+
 @dataclass(frozen=True)
 class Command:
-    op: Op
-    script: str
+    intent: Intent
     stdin: bytes = b""
     timeout: float = 120.0
     check: bool = True  # a non-zero exit raises RemoteError
-    units: tuple[str, ...] = ()  # the units the command is about (activate, watch, probe)
     # Bytes streamed to the script's stdin after `stdin` (file copies): produced while sending, so a large
     # file is never held in memory, and a stream that stops early ends the script's input there.
     stream: Iterable[bytes] | None = None
 
     @property
+    def op(self) -> Op:
+        return self.intent.op
+
+    @property
+    def script(self) -> str:
+        return self.intent.render()
+
+    @property
     def label(self) -> str:
-        return self.op.value + (f" {' '.join(self.units)}" if self.units and self.op is Op.WATCH else "")
+        return self.intent.label
+
+
+@dataclass(frozen=True)
+class Script(Intent):
+    """Shell text that means only itself."""
+
+    op: ClassVar[Op] = Op.SCRIPT
+    text: str
+
+    def render(self) -> str:
+        return self.text
 
 
 def script(text: str, *, stdin: bytes = b"", check: bool = True, timeout: float = 120.0) -> Command:
-    return Command(Op.SCRIPT, text, stdin=stdin, check=check, timeout=timeout)
+    return Command(Script(text), stdin=stdin, check=check, timeout=timeout)

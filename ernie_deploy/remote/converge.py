@@ -26,19 +26,23 @@ import tarfile
 import time
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
-from typing import Any
+from typing import Any, ClassVar
 
+from ernie_deploy.planning.hostpaths import ENV_DIR, RELEASES_DIR, STAGING_DIR, STATE_DIR, UNIT_DIR
 from ernie_deploy.planning.plantypes import HostPlan
-from ernie_deploy.planning.render import ENV_DIR, UNIT_DIR, RenderedFile
-from ernie_deploy.remote.command import Command, Op
+from ernie_deploy.planning.render import RenderedFile
+from ernie_deploy.remote import audit as auditlog
+from ernie_deploy.remote.audit import audit_line
+from ernie_deploy.remote.command import Command, Intent, Op
 from ernie_deploy.remote.facts import HostFacts
-from ernie_deploy.remote.rolling import audit_line, baseline_script
-from ernie_deploy.remote.state import AUDIT_LOG, RELEASES_DIR, STAGING_DIR, STATE_DIR, pending_add, pending_remove
+from ernie_deploy.remote.protocol import MARK, marker, records, split
+from ernie_deploy.remote.rolling import baseline_script
+from ernie_deploy.remote.state import pending_add, pending_remove
 from ernie_deploy.remote.systemd import restarted_recently, started_at, up_seconds
 
 RUNNING = {"active", "activating", "reloading"}
-STARTED_MARK = "@@ernie-deploy:started "
-RELEASE_MARK = "@@ernie-deploy:release "
+STARTED_MARK = marker("started")
+RELEASE_MARK = marker("release")
 
 
 @dataclass(frozen=True)
@@ -185,7 +189,7 @@ def payload(files: list[RenderedFile], changes: Changes, audit: dict[str, Any], 
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         entries = [(_staged_name(i), f.content.encode()) for i, f in enumerate(files) if f.path in wanted]
-        entries.append(("audit.jsonl", (json.dumps(audit, sort_keys=True) + "\n").encode()))
+        entries.append(("audit.jsonl", auditlog.encode(audit).encode()))
         entries.append(("release.json", (json.dumps(release, sort_keys=True, indent=1) + "\n").encode()))
         for name, data in entries:
             info = tarfile.TarInfo(name)
@@ -198,48 +202,122 @@ def _cleanup() -> str:
     return f"rm -rf {STAGING_DIR}; rm -f {UNIT_DIR}/.ernie-vllm-*.new {ENV_DIR}/.ernie-vllm-*.new"
 
 
+@dataclass(frozen=True)
+class StagedFile:
+    path: str
+    member: str  # its name in the tar stream on stdin
+    mode: int
+
+
+@dataclass(frozen=True)
+class Stage(Intent):
+    """Install `files` atomically from the tar stream on stdin, mark the `pending` units (unit → the release it
+    runs now, when known) and record release `release` of every `managed` file; keep the newest `keep`
+    releases and every one in `protect`. Restarts nothing."""
+
+    op: ClassVar[Op] = Op.STAGE
+    files: tuple[StagedFile, ...]
+    pending: dict[str, str | None]
+    release: str
+    managed: tuple[str, ...]
+    keep: int
+    protect: tuple[str, ...] = ()
+
+    def render(self) -> str:
+        q = shlex.quote
+        rdir = f"{RELEASES_DIR}/{self.release}"
+        lines = [
+            "set -eu",
+            "umask 077",
+            # Leftovers of a run that was killed mid-way (we hold the lock, so nobody else is writing).
+            _cleanup(),
+            f"mkdir -p {STAGING_DIR} {ENV_DIR} {RELEASES_DIR} {auditlog.AUDIT_DIR}",
+            f"chmod 0700 {STATE_DIR} {ENV_DIR} {RELEASES_DIR}",
+            f"trap '{_cleanup()}' EXIT",
+            # A truncated stream (controller killed mid-upload) makes tar fail here, before anything moves.
+            f"tar -x -C {STAGING_DIR} -f -",
+        ]
+        for f in self.files:
+            path = PurePosixPath(f.path)
+            tmp = path.parent / f".{path.name}.new"
+            lines += [
+                f"install -m {f.mode:04o} -o root -g root {STAGING_DIR}/{f.member} {q(str(tmp))}",
+                f"mv -f {q(str(tmp))} {q(f.path)}",
+            ]
+        lines += pending_add(self.pending)
+        # The release: every managed file as it now is on the host, copied with its mode (env files stay 0600).
+        lines += [f"rm -rf {q(rdir)}.tmp {q(rdir)}", f"mkdir -p {q(rdir)}.tmp{UNIT_DIR} {q(rdir)}.tmp{ENV_DIR}"]
+        lines += [f"cp -p {q(p)} {q(rdir + '.tmp' + p)}" for p in self.managed]
+        lines += [f"cp {STAGING_DIR}/release.json {q(rdir)}.tmp/release.json", f"mv {q(rdir)}.tmp {q(rdir)}",
+                  # Newest `keep` releases stay (ids sort by time), and every release a unit runs now (`protect`).
+                  f"ls -1 {RELEASES_DIR} | grep -v '\\.tmp$' | sort | head -n -{max(1, self.keep)} | "
+                  f"grep -vxF -e {q(self.release)} " + "".join(f"-e {q(p)} " for p in self.protect) + "| "
+                  f"while read -r old; do rm -rf {RELEASES_DIR}/\"$old\"; done",
+                  auditlog.append_from(f"{STAGING_DIR}/audit.jsonl"),
+                  f"printf '{RELEASE_MARK}%s\\n' {q(self.release)}"]
+        return "\n".join(lines) + "\n"
+
+
 def stage_command(files: list[RenderedFile], changes: Changes, audit: dict[str, Any], release: dict[str, Any],
                   keep: int, protect: tuple[str, ...] = (), ran: dict[str, str] | None = None) -> Command:
     """Install the changed files atomically, mark their units pending (with `ran`: unit → the release it runs
     now) and record the release; restart nothing. Releases in `protect` (what the units run now: a failed
     start goes back to them) are never pruned."""
     ran = ran or {}
-    q = shlex.quote
     wanted = {c.path for c in changes.files}
-    rid = str(release["id"])
-    rdir = f"{RELEASES_DIR}/{rid}"
-    lines = [
-        "set -eu",
-        "umask 077",
-        # Leftovers of a run that was killed mid-way (we hold the lock, so nobody else is writing).
-        _cleanup(),
-        f"mkdir -p {STAGING_DIR} {ENV_DIR} {RELEASES_DIR} {PurePosixPath(AUDIT_LOG).parent}",
-        f"chmod 0700 {STATE_DIR} {ENV_DIR} {RELEASES_DIR}",
-        f"trap '{_cleanup()}' EXIT",
-        # A truncated stream (controller killed mid-upload) makes tar fail here, before anything moves.
-        f"tar -x -C {STAGING_DIR} -f -",
-    ]
-    for i, f in enumerate(files):
-        if f.path not in wanted:
-            continue
-        path = PurePosixPath(f.path)
-        tmp = path.parent / f".{path.name}.new"
-        lines += [
-            f"install -m {f.mode:04o} -o root -g root {STAGING_DIR}/{_staged_name(i)} {q(str(tmp))}",
-            f"mv -f {q(str(tmp))} {q(f.path)}",
-        ]
-    lines += pending_add({u: ran.get(u) for u in changes.units})
-    # The release: every managed file as it now is on the host, copied with its mode (env files stay 0600).
-    lines += [f"rm -rf {q(rdir)}.tmp {q(rdir)}", f"mkdir -p {q(rdir)}.tmp{UNIT_DIR} {q(rdir)}.tmp{ENV_DIR}"]
-    lines += [f"cp -p {q(f.path)} {q(rdir + '.tmp' + f.path)}" for f in files]
-    lines += [f"cp {STAGING_DIR}/release.json {q(rdir)}.tmp/release.json", f"mv {q(rdir)}.tmp {q(rdir)}",
-              # Newest `keep` releases stay (ids sort by time), and every release a unit runs now (`protect`).
-              f"ls -1 {RELEASES_DIR} | grep -v '\\.tmp$' | sort | head -n -{max(1, keep)} | "
-              f"grep -vxF -e {q(rid)} " + "".join(f"-e {q(p)} " for p in protect) + "| "
-              f"while read -r old; do rm -rf {RELEASES_DIR}/\"$old\"; done",
-              f"cat {STAGING_DIR}/audit.jsonl >> {AUDIT_LOG}; chmod 0600 {AUDIT_LOG}",
-              f"printf '{RELEASE_MARK}%s\\n' {q(rid)}"]
-    return Command(Op.STAGE, "\n".join(lines) + "\n", stdin=payload(files, changes, audit, release), timeout=300)
+    staged = tuple(StagedFile(f.path, _staged_name(i), f.mode) for i, f in enumerate(files) if f.path in wanted)
+    intent = Stage(staged, {u: ran.get(u) for u in changes.units}, str(release["id"]), tuple(f.path for f in files),
+                   keep, protect)
+    return Command(intent, stdin=payload(files, changes, audit, release), timeout=300)
+
+
+@dataclass(frozen=True)
+class Activate(Intent):
+    """Prune `prune` (and remove `dropins`), daemon-reload once when asked, enable `enable`, start exactly
+    `start` and print each new run's invocation; `baselines` (unit → its GPUs): record their used memory before
+    that unit starts."""
+
+    op: ClassVar[Op] = Op.ACTIVATE
+    start: tuple[str, ...]
+    audit: dict[str, Any]
+    enable: tuple[str, ...] = ()
+    prune: tuple[str, ...] = ()
+    dropins: tuple[str, ...] = ()
+    daemon_reload: bool = False
+    baselines: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+    def render(self) -> str:
+        q = shlex.quote
+        lines = ["set -eu"]
+        for unit in self.prune:
+            name = unit.removesuffix(".service")
+            # The files are in the previous release already; removing them is enough.
+            lines += [f"systemctl disable --now -q {q(unit)} || true",
+                      f"rm -f {UNIT_DIR}/{q(unit)} {ENV_DIR}/{q(name)}.env"]
+        if self.dropins:
+            # Only with --prune: deploy refuses a host with drop-ins otherwise (drift it would not see).
+            lines.append("rm -f " + " ".join(q(d) for d in self.dropins))
+            lines.append("rmdir " + " ".join(sorted({q(str(PurePosixPath(d).parent)) for d in self.dropins}))
+                         + " 2>/dev/null || true")
+        if self.daemon_reload:
+            lines.append("systemctl daemon-reload")
+        if self.enable:
+            lines.append("systemctl enable -q " + " ".join(q(u) for u in self.enable))
+        for unit in self.start:
+            if unit in self.baselines:
+                lines.append(baseline_script(unit, self.baselines[unit]))
+        if self.start:
+            lines.append("systemctl start " + " ".join(q(u) for u in self.start))
+        for unit in self.start:
+            # The new run of each unit: the readiness watch reads exactly its journal lines, and counts the
+            # automatic restarts after this one.
+            lines.append(f"printf '{STARTED_MARK}%s %s %s\\n' {q(unit)} "
+                         f"\"$(systemctl show -p InvocationID --value {q(unit)})\" "
+                         f"\"$(systemctl show -p NRestarts --value {q(unit)})\"")
+        if self.start or self.prune:
+            lines.append(pending_remove(self.start + self.prune))
+        lines.append(audit_line(self.audit))
+        return "\n".join(lines) + "\n"
 
 
 def activate_command(changes: Changes, audit: dict[str, Any],
@@ -248,37 +326,9 @@ def activate_command(changes: Changes, audit: dict[str, Any],
     A restart is a stop (remote/rolling.py, after the drain) and then this start, with the GPU release gate in
     between, so `changes.restart` is not acted on here. `gpus` (unit → its GPUs): record their used memory
     before each unit starts (the baseline the gate waits for after its next stop)."""
-    q = shlex.quote
-    lines = ["set -eu"]
-    for unit in changes.prune:
-        name = unit.removesuffix(".service")
-        # The files are in the previous release already; removing them is enough.
-        lines += [f"systemctl disable --now -q {q(unit)} || true",
-                  f"rm -f {UNIT_DIR}/{q(unit)} {ENV_DIR}/{q(name)}.env"]
-    if changes.dropins:
-        # Only with --prune: deploy refuses a host with drop-ins otherwise (drift it would not see).
-        lines.append("rm -f " + " ".join(q(d) for d in changes.dropins))
-        lines.append("rmdir " + " ".join(sorted({q(str(PurePosixPath(d).parent)) for d in changes.dropins}))
-                     + " 2>/dev/null || true")
-    if changes.daemon_reload:
-        lines.append("systemctl daemon-reload")
-    if changes.enable:
-        lines.append("systemctl enable -q " + " ".join(q(u) for u in changes.enable))
-    for unit in changes.start:
-        if gpus and gpus.get(unit):
-            lines.append(baseline_script(unit, gpus[unit]))
-    if changes.start:
-        lines.append("systemctl start " + " ".join(q(u) for u in changes.start))
-    for unit in changes.start:
-        # The new run of each unit: the readiness watch reads exactly its journal lines, and counts the
-        # automatic restarts after this one.
-        lines.append(f"printf '{STARTED_MARK}%s %s %s\\n' {q(unit)} "
-                     f"\"$(systemctl show -p InvocationID --value {q(unit)})\" "
-                     f"\"$(systemctl show -p NRestarts --value {q(unit)})\"")
-    if changes.start or changes.prune:
-        lines.append(pending_remove(changes.start + changes.prune))
-    lines.append(audit_line(audit))
-    return Command(Op.ACTIVATE, "\n".join(lines) + "\n", units=changes.start)
+    baselines = {u: (gpus or {})[u] for u in changes.start if (gpus or {}).get(u)}
+    return Command(Activate(changes.start, audit, changes.enable, changes.prune, changes.dropins,
+                            changes.daemon_reload, baselines))
 
 
 @dataclass(frozen=True)
@@ -290,30 +340,33 @@ class Started:
 def started_units(output: str) -> dict[str, Started]:
     """What activate printed about each unit it (re)started; a unit missing here cannot be verified."""
     out = {}
-    for line in output.splitlines():
-        if line.startswith(STARTED_MARK):
-            parts = line[len(STARTED_MARK):].split()
-            if len(parts) == 3 and parts[1] and parts[2].isdigit():
-                out[parts[0]] = Started(parts[1], int(parts[2]))
+    for record in records(output, "started"):
+        parts = record.split()
+        if len(parts) == 3 and parts[1] and parts[2].isdigit():
+            out[parts[0]] = Started(parts[1], int(parts[2]))
     return out
+
+
+@dataclass(frozen=True)
+class ReadFiles(Intent):
+    """Print the current content of `paths`, each after its marker line."""
+
+    op: ClassVar[Op] = Op.READ_FILES
+    paths: tuple[str, ...]
+
+    def render(self) -> str:
+        return "".join(f"echo '{MARK}file {p}'; cat {shlex.quote(p)} 2>/dev/null || true\n"
+                       for p in self.paths)
 
 
 def read_command(paths: list[str]) -> Command:
     """Print the current content of files, for --diff."""
-    return Command(Op.READ_FILES, "".join(f"echo '@@ernie-deploy:file {p}'; cat {shlex.quote(p)} 2>/dev/null || true\n"
-                                          for p in paths))
+    return Command(ReadFiles(tuple(paths)))
 
 
 def parse_read(text: str) -> dict[str, str]:
-    out: dict[str, list[str]] = {}
-    current = None
-    for line in text.splitlines(keepends=True):
-        if line.startswith("@@ernie-deploy:file "):
-            current = line.split(" ", 1)[1].strip()
-            out[current] = []
-        elif current is not None:
-            out[current].append(line)
-    return {k: "".join(v) for k, v in out.items()}
+    """Each file's content exactly as printed, by path."""
+    return {s.arg: "".join(s.raw) for s in split(text) if s.kind == "file"}
 
 
 _ENV_LINE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=.*$", re.MULTILINE)

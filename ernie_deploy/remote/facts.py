@@ -1,7 +1,7 @@
 """Facts: one shell script that gathers everything in a single round trip, and a pure parser of its output.
 
-Sections are delimited by marker lines so one command's failure (no nvidia-smi, no model) is a fact,
-not a failed gather.
+Sections are delimited by marker lines (remote/protocol.py) so one command's failure (no nvidia-smi, no model)
+is a fact, not a failed gather.
 """
 
 from __future__ import annotations
@@ -10,39 +10,20 @@ import json
 import re
 import shlex
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from ernie_deploy.checks.gpus import csv_number, csv_rows
 from ernie_deploy.checks.result import CheckInputError
-from ernie_deploy.planning.render import ENV_DIR, UNIT_DIR
-from ernie_deploy.remote.command import Command, Op
-from ernie_deploy.remote.lock import LOCK_DIR
-from ernie_deploy.remote.state import PENDING_FILE
+from ernie_deploy.planning.hostpaths import ENV_DIR, LOCK_DIR, PENDING_FILE, UNIT_DIR
+from ernie_deploy.remote import http
+from ernie_deploy.remote.command import Command, Intent, Op
+from ernie_deploy.remote.protocol import MARK_FUNCTION, sections, sha256sums
 from ernie_deploy.remote.systemd import NOW, UnitState, parse_units, show_command
 
-MARK = "@@ernie-deploy:"
 UNIT_GLOB = "ernie-vllm-*.service"
 
 
 DROPIN_DIRS = (UNIT_DIR, "/run/systemd/system")  # `systemctl edit` and `systemctl edit --runtime`
-
-# Runs on the host: /health of each installed unit, its address and port read from the unit's ExecStart.
-# Arguments only (unit, host, port triples): nothing secret.
-HEALTH_PROGRAM = r"""
-import sys, urllib.request, urllib.error
-a = sys.argv[1:]
-for i in range(0, len(a) - 2, 3):
-    unit, host, port = a[i:i + 3]
-    h = "127.0.0.1" if host in ("0.0.0.0", "") else "::1" if host == "::" else host
-    url = ("http://[%s]:%s/health" if ":" in h else "http://%s:%s/health") % (h, port)
-    try:
-        with urllib.request.urlopen(url, timeout=3) as r:
-            print(unit, r.status)
-    except urllib.error.HTTPError as e:
-        print(unit, e.code)
-    except Exception as e:
-        print(unit, "error", str(getattr(e, "reason", e)).replace("\n", " "))
-"""
 
 
 def gather_script(model_path: str, vllm_bin: str, user: str = "vllm") -> str:
@@ -52,7 +33,7 @@ def gather_script(model_path: str, vllm_bin: str, user: str = "vllm") -> str:
     config = q(model_path.rstrip('/') + '/config.json')
     dropins = " ".join(f"{d}/{UNIT_GLOB}.d/*.conf" for d in DROPIN_DIRS)
     return f"""
-m() {{ printf '\\n{MARK}%s\\n' "$1"; }}
+{MARK_FUNCTION}
 t=$(mktemp -d) || exit 1
 trap 'rm -rf "$t"' EXIT
 # The slow readers run at once (nvidia-smi initialises the driver, the version and health reads start a
@@ -67,7 +48,7 @@ for f in {UNIT_DIR}/{UNIT_GLOB}; do [ -f "$f" ] || continue
   addr=$(sed -n 's/^ExecStart=.* --host \\([^ ]*\\).*/\\1/p' "$f" | head -n 1 | tr -d "'\\"")
   set -- "$@" "${{f##*/}}" "${{addr:-0.0.0.0}}" "${{port:-8000}}"
 done
-[ $# -eq 0 ] || python3 -c {q(HEALTH_PROGRAM)} "$@" 2>&1; }} > "$t/health" &
+[ $# -eq 0 ] || python3 -c {q(http.PROGRAM)} "$@" 2>&1; }} > "$t/health" &
 m systemd; systemctl --version 2>&1 | head -n 1
 m files
 for f in {UNIT_DIR}/{UNIT_GLOB} {ENV_DIR}/ernie-vllm-*.env; do [ -f "$f" ] && sha256sum "$f"; done
@@ -108,8 +89,23 @@ def version_script(vllm_bin: str) -> str:
             f"if [ -n \"$v\" ]; then echo \"$v\"; echo rc=0; else {q(vllm_bin)} --version 2>&1; echo \"rc=$?\"; fi")
 
 
-def gather_command(model_path: str, vllm_bin: str, user: str = "vllm") -> Command:
-    return Command(Op.FACTS, gather_script(model_path, vllm_bin, user))
+@dataclass(frozen=True)
+class Facts(Intent):
+    """Read the host's facts (GPUs, units, managed files, model, vLLM, lock, pending units), then run `extra`,
+    more read-only script whose sections come in the same output."""
+
+    op: ClassVar[Op] = Op.FACTS
+    model_path: str
+    vllm_bin: str
+    user: str = "vllm"
+    extra: str = ""
+
+    def render(self) -> str:
+        return gather_script(self.model_path, self.vllm_bin, self.user) + self.extra
+
+
+def gather_command(model_path: str, vllm_bin: str, user: str = "vllm", extra: str = "") -> Command:
+    return Command(Facts(model_path, vllm_bin, user, extra))
 
 
 @dataclass(frozen=True)
@@ -157,20 +153,6 @@ class HostFacts:
         }
 
 
-def sections(text: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    name = None
-    lines: list[str] = []
-    for line in text.splitlines():
-        if line.startswith(MARK):
-            if name:
-                out[name] = "\n".join(lines).strip("\n")
-            name, lines = line[len(MARK):].strip(), []
-        elif name:
-            lines.append(line)
-    return out
-
-
 def split_rc(body: str) -> tuple[str, int]:
     """Split off the trailing `rc=N` line the script adds after commands whose failure is a fact."""
     lines = body.rstrip("\n").splitlines()
@@ -211,7 +193,7 @@ def parse_topology(body: str) -> bool | None:
 def parse_facts(text: str) -> HostFacts:
     s = sections(text)
     gpus, gpu_error = parse_gpus(s.get("gpus", "rc=127"))
-    files = _hashes(s.get("files", ""))
+    files = sha256sums(s.get("files", ""))
     model_text, model_rc = split_rc(s.get("model", "rc=1"))
     model_config, model_error = None, None
     if model_rc == 0:
@@ -238,7 +220,7 @@ def parse_facts(text: str) -> HostFacts:
         lock_info=s.get("lock") or None,
         pending=tuple(sorted({line.split()[0] for line in s.get("pending", "").splitlines() if line.split()})),
         pending_from={w[0]: w[1] for w in (line.split() for line in s.get("pending", "").splitlines()) if len(w) > 1},
-        dropins=_hashes(s.get("dropins", "")), unit_gpus=_unit_gpus(s.get("unitgpus", "")),
+        dropins=sha256sums(s.get("dropins", "")), unit_gpus=_unit_gpus(s.get("unitgpus", "")),
         health={u: rest for u, _, rest in (line.partition(" ") for line in s.get("health", "").splitlines()) if rest},
         now_us=int(s["now"]) if s.get("now", "").strip().isdigit() else None,
         model_readable={"readable": True, "unreadable": False}.get(s.get("modeluser", "").strip()),
@@ -255,13 +237,6 @@ def _float(text: str) -> float | None:
         return None
 
 
-def _hashes(body: str) -> dict[str, str]:
-    out = {}
-    for line in body.splitlines():
-        digest, _, path = line.partition("  ")
-        if len(digest) == 64 and path:
-            out[path] = digest
-    return out
 
 
 def _unit_gpus(body: str) -> dict[str, tuple[int, ...]]:

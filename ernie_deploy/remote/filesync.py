@@ -17,13 +17,14 @@ import posixpath
 import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import ClassVar
 
+from ernie_deploy.planning.hostpaths import MANIFEST_DIR
 from ernie_deploy.planning.provisioning import Entry, HostFile, Manifest, Recorded
-from ernie_deploy.remote.command import Command, Op
-from ernie_deploy.remote.rolling import audit_line
-from ernie_deploy.remote.state import STATE_DIR
+from ernie_deploy.remote.audit import audit_line
+from ernie_deploy.remote.command import Command, Intent, Op
+from ernie_deploy.remote.programs import program
 
-MANIFEST_DIR = f"{STATE_DIR}/manifests"
 INCOMPLETE_EXIT = 3  # the stream ended early (interrupted): the .part stays for the next run
 MISMATCH_EXIT = 5  # the complete file's sha256 is not the one sent for: the .part is removed
 
@@ -89,29 +90,40 @@ def parse_dir_state(sections: Mapping[str, str], name: str) -> DirState:
                     free_bytes=int(disk) * 1024 if disk.isdigit() else None)
 
 
+@dataclass(frozen=True)
+class HashFiles(Intent):
+    """sha256 of the files `rels` under `target` (first contact, or --verify-files); prints `sha256  path`
+    lines."""
+
+    op: ClassVar[Op] = Op.HASH_FILES
+    target: str
+    rels: tuple[str, ...]
+
+    def render(self) -> str:
+        q = shlex.quote
+        return f"cd {q(self.target)} && sha256sum -- {' '.join(q(r) for r in self.rels)}"
+
+
 def hash_command(target: str, rels: Iterable[str]) -> Command:
-    """sha256 of host files (first contact, or --verify-files); prints `sha256  path` lines."""
-    q = shlex.quote
-    names = " ".join(q(r) for r in rels)
-    return Command(Op.HASH_FILES, f"cd {q(target)} && sha256sum -- {names}", timeout=3600)
+    return Command(HashFiles(target, tuple(rels)), timeout=3600)
 
 
-def parse_hashes(text: str) -> dict[str, str]:
-    out = {}
-    for line in text.splitlines():
-        digest, _, rel = line.partition("  ")
-        if len(digest) == 64 and rel:
-            out[rel] = digest
-    return out
+@dataclass(frozen=True)
+class Receive(Intent):
+    """Append the stream (after stdin) to `STAGE/<sha>.part` from `offset`, then check it: complete and
+    matching, it becomes `STAGE/<sha>`. A short stream exits INCOMPLETE_EXIT and keeps the part for the next
+    run."""
 
+    op: ClassVar[Op] = Op.RECEIVE
+    target: str
+    entry: Entry
+    offset: int
 
-def receive_command(target: str, entry: Entry, offset: int, stream: Iterable[bytes]) -> Command:
-    """Append the stream to `STAGE/<sha>.part` from `offset`, then check it: complete and matching, it becomes
-    `STAGE/<sha>`. A short stream exits INCOMPLETE_EXIT and keeps the part for the next run."""
-    q = shlex.quote
-    stage = staging_dir(target)
-    part, done = f"{stage}/{entry.sha256}.part", f"{stage}/{entry.sha256}"
-    script = f"""set -eu
+    def render(self) -> str:
+        q = shlex.quote
+        stage = staging_dir(self.target)
+        part, done = f"{stage}/{self.entry.sha256}.part", f"{stage}/{self.entry.sha256}"
+        return f"""set -eu
 umask 022
 mkdir -p {q(posixpath.dirname(stage) or "/")}
 umask 077
@@ -119,82 +131,78 @@ mkdir -p {q(stage)}
 chmod 0700 {q(stage)}
 p={q(part)}
 [ -f "$p" ] || : > "$p"
-truncate -s {offset} "$p"
+truncate -s {self.offset} "$p"
 cat >> "$p"
 n=$(stat -c %s "$p")
-if [ "$n" -lt {entry.size} ]; then echo "incomplete $n"; exit {INCOMPLETE_EXIT}; fi
+if [ "$n" -lt {self.entry.size} ]; then echo "incomplete $n"; exit {INCOMPLETE_EXIT}; fi
 sum=$(sha256sum "$p" | cut -d' ' -f1)
-if [ "$n" -ne {entry.size} ] || [ "$sum" != {entry.sha256} ]; then
+if [ "$n" -ne {self.entry.size} ] || [ "$sum" != {self.entry.sha256} ]; then
   rm -f "$p"; echo "mismatch $n $sum"; exit {MISMATCH_EXIT}
 fi
 mv -f "$p" {q(done)}
 """
-    return Command(Op.RECEIVE, script, stream=stream, check=False, timeout=600)
 
 
-# Runs on the host after the exchange: the new manifest from the entries sent on stdin and `find`'s view of
-# the switched-in files (their sizes and mtimes as the next probe will see them). Writes it atomically.
-_MANIFEST_PROGRAM = r"""
-import json, os, sys
-entries = json.loads(open(sys.argv[1]).read())
-files = {}
-for line in sys.stdin.read().splitlines():
-    size, mtime, rel = line.split(" ", 2)
-    if rel in entries["files"] and int(size) == entries["files"][rel]["size"]:
-        files[rel] = {"size": int(size), "sha256": entries["files"][rel]["sha256"], "mtime": mtime}
-out = sys.argv[2]
-os.makedirs(os.path.dirname(out), mode=0o700, exist_ok=True)
-with open(out + ".tmp", "w") as fh:
-    json.dump({"source": entries["source"], "files": files}, fh, sort_keys=True)
-os.replace(out + ".tmp", out)
-"""
+def receive_command(target: str, entry: Entry, offset: int, stream: Iterable[bytes]) -> Command:
+    return Command(Receive(target, entry, offset), stream=stream, check=False, timeout=600)
 
-# renameat2(RENAME_EXCHANGE): both paths swap in one step (Linux 3.15+, glibc 2.28+). Exit 1 where the
-# kernel or file system cannot, and the script falls back to two renames.
-_EXCHANGE_PROGRAM = r"""
-import ctypes, os, sys
-libc = ctypes.CDLL(None, use_errno=True)
-fn = getattr(libc, "renameat2", None)
-AT_FDCWD, RENAME_EXCHANGE = -100, 2
-ok = fn is not None and fn(AT_FDCWD, os.fsencode(sys.argv[1]), AT_FDCWD, os.fsencode(sys.argv[2]), RENAME_EXCHANGE) == 0
-sys.exit(0 if ok else 1)
-"""
+
+# Run on the host by the switch: the swap in one step, then the new manifest.
+_EXCHANGE_PROGRAM = program("exchange")
+_MANIFEST_PROGRAM = program("manifest")
+
+
+@dataclass(frozen=True)
+class Switch(Intent):
+    """Build the complete new tree (hard links of `keep` from the target, the rest from staging), swap it in,
+    record the manifest (`wanted`, from `source`), drop staging. `wanted` is the whole new content; every file
+    not in `keep` must be staged already."""
+
+    op: ClassVar[Op] = Op.SWITCH
+    target: str
+    wanted: Manifest
+    keep: frozenset[str]
+    owner: str
+    source: str
+    audit: dict[str, object]
+
+    def render(self) -> str:
+        q = shlex.quote
+        t, nxt, stage = q(self.target), q(self.target + ".ernie-next"), q(staging_dir(self.target))
+        kept = sorted(self.keep)
+        lines = ["set -eu", "umask 022", f"rm -rf {nxt}", f"mkdir -p {nxt}"]
+        if kept:
+            lines.append(f"(cd {t} && cp -al --parents -- {' '.join(q(r) for r in kept)} {nxt}/)")
+        for rel in sorted(set(self.wanted) - set(kept)):
+            parent = posixpath.dirname(rel)
+            if parent:
+                lines.append(f"mkdir -p {q(posixpath.join(self.target + '.ernie-next', parent))}")
+            lines.append(f"ln -f {q(staging_dir(self.target) + '/' + self.wanted[rel].sha256)} "
+                         f"{q(posixpath.join(self.target + '.ernie-next', rel))}")
+        lines += [
+            f"chown -R {q(self.owner)}: {nxt}",
+            f"chmod -R u=rwX,go=rX {nxt}",
+            f"entries={stage}/entries.json",
+            f"mkdir -p {stage}",
+            'cat > "$entries"',
+            f"if [ -e {t} ] || [ -L {t} ]; then",
+            f"  python3 -c {q(_EXCHANGE_PROGRAM)} {nxt} {t} || {{ mv {t} {t}.ernie-old && mv {nxt} {t} && "
+            f"mv {t}.ernie-old {nxt}; }}",
+            f"  rm -rf {nxt}",
+            "else",
+            f"  mkdir -p \"$(dirname {t})\" && mv {nxt} {t}",
+            "fi",
+            f"find {t} -type f -printf '%s %T@ %P\\n' | python3 -c {q(_MANIFEST_PROGRAM)} \"$entries\" "
+            f"{q(manifest_path(self.target))}",
+            f"rm -rf {stage}",
+            audit_line(self.audit),
+        ]
+        return "\n".join(lines) + "\n"
 
 
 def switch_command(target: str, wanted: Manifest, keep: Iterable[str], owner: str, source: str,
                    audit: dict[str, object]) -> Command:
-    """Build the complete new tree (hard links of `keep` from the target, the rest from staging), swap it in,
-    record the manifest, drop staging. `wanted` is the whole new content; every file not in `keep` must be
-    staged already."""
-    q = shlex.quote
-    t, nxt, stage = q(target), q(target + ".ernie-next"), q(staging_dir(target))
-    kept = sorted(set(keep))
-    lines = ["set -eu", "umask 022", f"rm -rf {nxt}", f"mkdir -p {nxt}"]
-    if kept:
-        lines.append(f"(cd {t} && cp -al --parents -- {' '.join(q(r) for r in kept)} {nxt}/)")
-    for rel in sorted(set(wanted) - set(kept)):
-        parent = posixpath.dirname(rel)
-        if parent:
-            lines.append(f"mkdir -p {q(posixpath.join(target + '.ernie-next', parent))}")
-        lines.append(f"ln -f {q(staging_dir(target) + '/' + wanted[rel].sha256)} "
-                     f"{q(posixpath.join(target + '.ernie-next', rel))}")
-    lines += [
-        f"chown -R {q(owner)}: {nxt}",
-        f"chmod -R u=rwX,go=rX {nxt}",
-        f"entries={stage}/entries.json",
-        f"mkdir -p {stage}",
-        'cat > "$entries"',
-        f"if [ -e {t} ] || [ -L {t} ]; then",
-        f"  python3 -c {q(_EXCHANGE_PROGRAM)} {nxt} {t} || {{ mv {t} {t}.ernie-old && mv {nxt} {t} && "
-        f"mv {t}.ernie-old {nxt}; }}",
-        f"  rm -rf {nxt}",
-        "else",
-        f"  mkdir -p \"$(dirname {t})\" && mv {nxt} {t}",
-        "fi",
-        f"find {t} -type f -printf '%s %T@ %P\\n' | python3 -c {q(_MANIFEST_PROGRAM)} \"$entries\" "
-        f"{q(manifest_path(target))}",
-        f"rm -rf {stage}",
-        audit_line(audit),
-    ]
-    entries = {"source": source, "files": {rel: {"size": e.size, "sha256": e.sha256} for rel, e in wanted.items()}}
-    return Command(Op.SWITCH, "\n".join(lines) + "\n", stdin=json.dumps(entries).encode(), timeout=600)
+    intent = Switch(target, wanted, frozenset(keep), owner, source, audit)
+    entries = {"source": intent.source,
+               "files": {rel: {"size": e.size, "sha256": e.sha256} for rel, e in intent.wanted.items()}}
+    return Command(intent, stdin=json.dumps(entries).encode(), timeout=600)

@@ -11,54 +11,17 @@ import json
 import posixpath
 import shlex
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from ernie_deploy.planning.provisioning import Entry, HubSource, ProvisionSpec, trusted
 from ernie_deploy.remote import filesync
-from ernie_deploy.remote.command import Command, Op
+from ernie_deploy.remote.command import Command, Intent, Op
+from ernie_deploy.remote.programs import program
+from ernie_deploy.remote.protocol import marker, records
 
-RESULT_MARK = "@@ernie-deploy:hub "
+RESULT_MARK = marker("hub")
 
-# Runs on the host with the venv's python. argv[1]: JSON settings (no secret); stdin: the token line.
-PROGRAM = r"""
-import hashlib, json, os, sys
-cfg = json.loads(sys.argv[1])
-token = sys.stdin.readline().rstrip("\n") or None
-if cfg.get("endpoint"):
-    os.environ["HF_ENDPOINT"] = cfg["endpoint"]
-os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-def done(**out):
-    print(cfg["mark"] + json.dumps(out, sort_keys=True))
-    sys.exit(0)
-try:
-    from huggingface_hub import HfApi, snapshot_download
-except ImportError as e:
-    done(error="huggingface_hub is not importable by %s (%s)" % (sys.executable, e))
-try:
-    commit = HfApi(token=token).model_info(cfg["repo"], revision=cfg["revision"]).sha
-    source = "hf://%s@%s" % (cfg["repo"], commit)
-    if source == cfg["recorded"] and cfg["intact"]:
-        done(changed=False, commit=commit, source=source)
-    local = os.path.join(cfg["stage"], "hub")
-    os.makedirs(local, mode=0o700, exist_ok=True)
-    snapshot_download(cfg["repo"], revision=commit, local_dir=local, token=token)
-except Exception as e:
-    done(error="%s: %s" % (type(e).__name__, str(e).replace(token or "\0", "[REDACTED]")))
-files = {}
-for base, dirs, names in os.walk(local):
-    dirs[:] = sorted(d for d in dirs if d not in (".cache", ".git"))
-    for name in sorted(names):
-        path = os.path.join(base, name)
-        h = hashlib.sha256()
-        with open(path, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                h.update(block)
-        staged = os.path.join(cfg["stage"], h.hexdigest())
-        if not os.path.exists(staged):
-            os.link(path, staged)
-        files[os.path.relpath(path, local)] = {"size": os.path.getsize(path), "sha256": h.hexdigest()}
-done(changed=True, commit=commit, source=source, files=files)
-"""
+PROGRAM = program("hub_download")  # run by the venv's python: huggingface_hub comes with vLLM
 
 
 @dataclass(frozen=True)
@@ -74,30 +37,48 @@ class HubResult:
         return sum(e.size for e in self.files.values())
 
 
+@dataclass(frozen=True)
+class HubDownload(Intent):
+    """Resolve `revision` of `repo` to a commit; download and stage the snapshot into `stage` unless the host
+    already holds that commit `intact` (`recorded` is the source its manifest names), with the venv's python."""
+
+    op: ClassVar[Op] = Op.HUB_DOWNLOAD
+    repo: str
+    revision: str
+    stage: str
+    recorded: str
+    intact: bool
+    endpoint: str | None
+    venv: str
+
+    def render(self) -> str:
+        q = shlex.quote
+        cfg = {"repo": self.repo, "revision": self.revision, "stage": self.stage, "recorded": self.recorded,
+               "intact": self.intact, "endpoint": self.endpoint, "mark": RESULT_MARK}
+        return (f"set -eu\numask 022\nmkdir -p {q(posixpath.dirname(self.stage) or '/')}\numask 077\n"
+                f"mkdir -p {q(self.stage)}\n"
+                f"py={q(self.venv + '/bin/python')}; [ -x \"$py\" ] || py=python3\n"
+                f"\"$py\" -c {q(PROGRAM)} {q(json.dumps(cfg, sort_keys=True))}\n")
+
+
 def download_command(spec: ProvisionSpec, source: HubSource, state: filesync.DirState, verify: bool,
                      token: str) -> Command:
-    """Resolve the revision to a commit; download and stage the snapshot unless the host already holds that
-    commit intact (its manifest's files unchanged)."""
-    q = shlex.quote
+    """The download (see HubDownload); the host's files count as intact when its manifest's files are
+    unchanged and no --verify-files asks to hash them."""
     intact = bool(state.recorded) and set(trusted(state.recorded, state.present)) == set(state.recorded) \
         and not verify
-    cfg = {"repo": source.repo, "revision": source.revision, "stage": filesync.staging_dir(spec.model_path),
-           "recorded": state.source or "", "intact": intact, "endpoint": spec.hf_endpoint, "mark": RESULT_MARK}
-    stage = filesync.staging_dir(spec.model_path)
-    script = (f"set -eu\numask 022\nmkdir -p {q(posixpath.dirname(stage) or '/')}\numask 077\nmkdir -p {q(stage)}\n"
-              f"py={q(spec.venv + '/bin/python')}; [ -x \"$py\" ] || py=python3\n"
-              f"\"$py\" -c {q(PROGRAM)} {q(json.dumps(cfg, sort_keys=True))}\n")
-    return Command(Op.HUB_DOWNLOAD, script, stdin=(token + "\n").encode(), timeout=24 * 3600, check=False)
+    intent = HubDownload(source.repo, source.revision, filesync.staging_dir(spec.model_path), state.source or "",
+                         intact, spec.hf_endpoint, spec.venv)
+    return Command(intent, stdin=(token + "\n").encode(), timeout=24 * 3600, check=False)
 
 
 def parse_result(text: str) -> HubResult:
-    for line in reversed(text.splitlines()):
-        if line.startswith(RESULT_MARK):
-            try:
-                raw = json.loads(line[len(RESULT_MARK):])
-                files = {str(k): Entry(int(v["size"]), str(v["sha256"])) for k, v in dict(raw.get("files", {})).items()}
-                return HubResult(bool(raw.get("changed")), raw.get("commit"), raw.get("source"), files,
-                                 raw.get("error"))
-            except (ValueError, KeyError, TypeError):
-                break
+    for record in reversed(records(text, "hub")):
+        try:
+            raw = json.loads(record)
+            files = {str(k): Entry(int(v["size"]), str(v["sha256"])) for k, v in dict(raw.get("files", {})).items()}
+            return HubResult(bool(raw.get("changed")), raw.get("commit"), raw.get("source"), files,
+                             raw.get("error"))
+        except (ValueError, KeyError, TypeError):
+            break
     return HubResult(error="no result from the download script")

@@ -5,41 +5,41 @@ older runs mixed in."""
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass
+from typing import ClassVar
 
-from ernie_deploy.remote.command import Command, Op
+from ernie_deploy.remote.command import Command, Intent, Op
+from ernie_deploy.remote.programs import program
 
 CURSOR = "-- cursor: "
-# The invocation before `current` among the unit's journal entries, oldest first; the last one when the
-# current run has logged nothing yet.
-_PREVIOUS = r"""
-import json, sys
-current, seen = sys.argv[1], []
-for line in sys.stdin:
-    try:
-        inv = json.loads(line).get("_SYSTEMD_INVOCATION_ID")
-    except ValueError:
-        continue
-    if inv and (not seen or seen[-1] != inv):
-        seen = [s for s in seen if s != inv] + [inv]
-if current in seen:
-    k = seen.index(current)
-    print(seen[k - 1] if k > 0 else "")
-else:
-    print(seen[-1] if seen else "")
-"""
+_PREVIOUS = program("previous_invocation")
+
+
+@dataclass(frozen=True)
+class Logs(Intent):
+    """The journal of `unit`'s current run (or, `previous`, the run before it): the last `lines` lines, or
+    those after `cursor`."""
+
+    op: ClassVar[Op] = Op.LOGS
+    unit: str
+    lines: int
+    previous: bool = False
+    cursor: str | None = None
+
+    def render(self) -> str:
+        q = shlex.quote
+        pick = (f"ID=$(journalctl -u {q(self.unit)} -o json --output-fields=_SYSTEMD_INVOCATION_ID --no-pager "
+                f"2>/dev/null | python3 -c {q(_PREVIOUS)} \"$ID\")\n") if self.previous else ""
+        after = f" --after-cursor={q(self.cursor)}" if self.cursor else f" -n {int(self.lines)}"
+        return (f"ID=$(systemctl show -p InvocationID --value {q(self.unit)})\n{pick}"
+                "if [ -z \"$ID\" ]; then echo 'no run of this unit in the journal' >&2; exit 3; fi\n"
+                "printf 'invocation %s\\n' \"$ID\"\n"
+                f"journalctl _SYSTEMD_INVOCATION_ID=\"$ID\" + INVOCATION_ID=\"$ID\"{after} -o short-iso "
+                "--no-pager --show-cursor\n")
 
 
 def logs_command(unit: str, lines: int, previous: bool = False, cursor: str | None = None) -> Command:
-    q = shlex.quote
-    pick = (f"ID=$(journalctl -u {q(unit)} -o json --output-fields=_SYSTEMD_INVOCATION_ID --no-pager 2>/dev/null | "
-            f"python3 -c {q(_PREVIOUS)} \"$ID\")\n") if previous else ""
-    after = f" --after-cursor={q(cursor)}" if cursor else f" -n {int(lines)}"
-    script = (f"ID=$(systemctl show -p InvocationID --value {q(unit)})\n{pick}"
-              "if [ -z \"$ID\" ]; then echo 'no run of this unit in the journal' >&2; exit 3; fi\n"
-              "printf 'invocation %s\\n' \"$ID\"\n"
-              f"journalctl _SYSTEMD_INVOCATION_ID=\"$ID\" + INVOCATION_ID=\"$ID\"{after} -o short-iso --no-pager "
-              "--show-cursor\n")
-    return Command(Op.LOGS, script, check=False, units=(unit,))
+    return Command(Logs(unit, lines, previous, cursor), check=False)
 
 
 def split(text: str) -> tuple[str | None, list[str], str | None]:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from ernie_deploy.remote import http, systemd
-from ernie_deploy.remote.command import Command, Op
+from ernie_deploy.remote.command import Command, Intent, Op
+from ernie_deploy.remote.protocol import MARK, split
 
-MARK = "@@ernie-deploy:"
 GPU_QUERY = "nvidia-smi --query-gpu=index,uuid,memory.used,memory.total,utilization.gpu --format=csv,noheader,nounits"
 APPS_QUERY = "nvidia-smi --query-compute-apps=pid,used_memory,gpu_uuid --format=csv,noheader,nounits"
 
@@ -51,48 +52,71 @@ def unit_script(unit: str, *, invocation: str | None = None, cursor: str | None 
             f"2>/dev/null; fi; true\n")
 
 
-def _http_part(requests: list[http.Request]) -> str:
+def _http_part(requests: tuple[http.Request, ...]) -> str:
     # First in the script: the probe program reads its requests from stdin, which nothing else may take.
     return f"printf '{MARK}http\\n'; {http.script()}" if requests else ""
 
 
+@dataclass(frozen=True)
+class Probe(Intent):
+    """Everything verify needs from a host in one command: the `requests`' answers, each unit's state and
+    journal, GPUs, processes and the host's clock."""
+
+    op: ClassVar[Op] = Op.PROBE
+    units: tuple[str, ...]
+    requests: tuple[http.Request, ...]
+
+    def render(self) -> str:
+        return _http_part(self.requests) + "".join(unit_script(u) for u in self.units) + (
+            f"printf '{MARK}gpus\\n'; {GPU_QUERY} 2>&1\n"
+            f"printf '{MARK}apps\\n'; {APPS_QUERY} 2>&1\n"
+            f"printf '{MARK}ps\\n'; ps -e -o pid=,ppid=\n"
+            f"printf '{MARK}now\\n'; {systemd.NOW}\n")
+
+
 def host_command(units: list[str], requests: list[http.Request], api_key: str | None) -> Command:
-    """Everything verify needs from a host in one command."""
-    script = _http_part(requests) + "".join(unit_script(u) for u in units) + (
-        f"printf '{MARK}gpus\\n'; {GPU_QUERY} 2>&1\n"
-        f"printf '{MARK}apps\\n'; {APPS_QUERY} 2>&1\n"
-        f"printf '{MARK}ps\\n'; ps -e -o pid=,ppid=\n"
-        f"printf '{MARK}now\\n'; {systemd.NOW}\n")
-    return Command(Op.PROBE, script, stdin=http.stdin(requests, api_key), units=tuple(units))
+    return Command(Probe(tuple(units), tuple(requests)), stdin=http.stdin(requests, api_key))
+
+
+@dataclass(frozen=True)
+class Watch(Intent):
+    """One poll of the readiness watch: the unit's state, its journal lines of run `invocation` after `cursor`,
+    and the `requests`' answers."""
+
+    op: ClassVar[Op] = Op.WATCH
+    unit: str
+    invocation: str | None
+    cursor: str | None
+    requests: tuple[http.Request, ...]
+
+    @property
+    def label(self) -> str:
+        return f"{self.op.value} {self.unit}"
+
+    def render(self) -> str:
+        return _http_part(self.requests) + unit_script(self.unit, invocation=self.invocation, cursor=self.cursor)
 
 
 def watch_command(unit: str, *, invocation: str | None, cursor: str | None, requests: list[http.Request],
                   api_key: str | None) -> Command:
-    """One poll of the readiness watch: the unit's state, its new journal lines, and the HTTP answers."""
-    script = _http_part(requests) + unit_script(unit, invocation=invocation, cursor=cursor)
-    return Command(Op.WATCH, script, stdin=http.stdin(requests, api_key), check=False, units=(unit,))
+    return Command(Watch(unit, invocation, cursor, tuple(requests)), stdin=http.stdin(requests, api_key),
+                   check=False)
 
 
 def parse(text: str) -> HostProbe:
     probe = HostProbe()
     sections: dict[str, list[str]] = {}
-    target: list[str] | None = None
-    for line in text.splitlines():
-        if line.startswith(MARK) and not line.startswith(http.MARK):
-            kind, _, name = line[len(MARK):].partition(" ")
-            if kind == "unit":
-                target = sections.setdefault(f"unit {name}", [])
-                probe.units.setdefault(name, UnitProbe())
-            elif kind == "journal":
-                name, _, invocation = name.partition(" ")
-                unit = probe.units.setdefault(name, UnitProbe())
-                unit.invocation = invocation.strip()
-                target = unit.journal
-            else:
-                target = sections.setdefault(kind, [])
-            continue
-        if target is not None:
-            target.append(line)
+    for section in split(text, records=("http",)):  # the answers are lines of the http section
+        if section.kind == "unit":
+            sections.setdefault(section.header, []).extend(section.lines)
+            probe.units.setdefault(section.arg, UnitProbe())
+        elif section.kind == "journal":
+            name, _, invocation = section.arg.partition(" ")
+            unit = probe.units.setdefault(name, UnitProbe())
+            unit.invocation = invocation.strip()
+            unit.journal.extend(section.lines)
+        else:
+            sections.setdefault(section.kind, []).extend(section.lines)
     for name, unit in probe.units.items():
         unit.state = systemd.parse_state("\n".join(sections.pop(f"unit {name}", [])))
         if unit.journal and unit.journal[-1].startswith("-- cursor: "):

@@ -5,21 +5,21 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
+from typing import ClassVar
 
+from ernie_deploy.planning.hostpaths import RELEASES_DIR, UNIT_DIR, WHEELHOUSE
 from ernie_deploy.planning.provisioning import ProvisionSpec
-from ernie_deploy.planning.render import UNIT_DIR
 from ernie_deploy.planning.settings import VENV_ROOT
 from ernie_deploy.remote import filesync
-from ernie_deploy.remote.command import Command, Op
-from ernie_deploy.remote.facts import MARK, UNIT_GLOB, sections, split_rc, version_script
-from ernie_deploy.remote.rolling import audit_line
-from ernie_deploy.remote.state import RELEASES_DIR, STATE_DIR
+from ernie_deploy.remote.audit import audit_line
+from ernie_deploy.remote.command import Command, Intent, Op
+from ernie_deploy.remote.facts import UNIT_GLOB, split_rc, version_script
+from ernie_deploy.remote.protocol import MARK_FUNCTION, sections
 
 # Written into a venv provisioning made: `installing` first, `done` (with the version) once pip succeeded.
 # Only venvs with the done marker are ever removed; one still `installing` was cut short and is redone.
 INSTALLING_MARK = ".ernie-deploy-installing"
 DONE_MARK = ".ernie-deploy-venv"
-WHEELHOUSE = f"{STATE_DIR}/wheelhouse"
 SERVICE_HOME = "/var/lib/vllm"
 
 
@@ -28,7 +28,7 @@ def probe_script(spec: ProvisionSpec) -> str:
     venv = q(spec.venv)
     used = f"{UNIT_DIR}/{UNIT_GLOB} {RELEASES_DIR}/*{UNIT_DIR}/{UNIT_GLOB}"
     return f"""
-m() {{ printf '\\n{MARK}%s\\n' "$1"; }}
+{MARK_FUNCTION}
 m driver; out=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>&1); rc=$?
 printf '%s\\n' "$out" | head -n 1; echo "rc=$rc"
 m user; getent passwd {q(spec.user)} | cut -d: -f1,6,7
@@ -44,6 +44,21 @@ m used; sed -n 's/^ExecStart=\\([^ ]*\\).*/\\1/p' {used} 2>/dev/null | sort -u
 {filesync.probe_script("wheels", WHEELHOUSE)}
 m end
 """
+
+
+@dataclass(frozen=True)
+class ProvisionProbe(Intent):
+    """Read every fact provisioning decides on (driver, user, OS, Python, venvs, model and wheel files)."""
+
+    op: ClassVar[Op] = Op.PROVISION_PROBE
+    spec: ProvisionSpec
+
+    def render(self) -> str:
+        return probe_script(self.spec)
+
+
+def probe_command(spec: ProvisionSpec) -> Command:
+    return Command(ProvisionProbe(spec))
 
 
 @dataclass(frozen=True)
@@ -79,37 +94,68 @@ def parse_probe(text: str) -> ProvisionFacts:
     )
 
 
-def create_user_command(user: str, audit: dict[str, object]) -> Command:
+@dataclass(frozen=True)
+class CreateUser(Intent):
     """A system user with no login shell and a home for vLLM's caches; its group of the same name."""
-    q = shlex.quote
-    return Command(Op.CREATE_USER, f"set -eu\nuseradd --system --user-group --home-dir {SERVICE_HOME} "
-                                    f"--create-home --shell /usr/sbin/nologin {q(user)}\n{audit_line(audit)}\n")
+
+    op: ClassVar[Op] = Op.CREATE_USER
+    user: str
+    audit: dict[str, object]
+
+    def render(self) -> str:
+        return (f"set -eu\nuseradd --system --user-group --home-dir {SERVICE_HOME} "
+                f"--create-home --shell /usr/sbin/nologin {shlex.quote(self.user)}\n{audit_line(self.audit)}\n")
+
+
+def create_user_command(user: str, audit: dict[str, object]) -> Command:
+    return Command(CreateUser(user, audit))
+
+
+@dataclass(frozen=True)
+class OsPackages(Intent):
+    op: ClassVar[Op] = Op.OS_PACKAGES
+    manager: str  # apt-get, dnf, yum
+    packages: tuple[str, ...]
+    audit: dict[str, object]
+
+    def render(self) -> str:
+        q = shlex.quote
+        names = " ".join(q(p) for p in self.packages)
+        if self.manager == "apt-get":
+            install = f"DEBIAN_FRONTEND=noninteractive apt-get update -q && DEBIAN_FRONTEND=noninteractive " \
+                      f"apt-get install -y -q --no-install-recommends {names}"
+        else:
+            install = f"{q(self.manager)} install -y {names}"
+        return f"set -eu\n{install}\n{audit_line(self.audit)}\n"
 
 
 def os_packages_command(manager: str, packages: tuple[str, ...], audit: dict[str, object]) -> Command:
-    q = shlex.quote
-    names = " ".join(q(p) for p in packages)
-    if manager == "apt-get":
-        install = f"DEBIAN_FRONTEND=noninteractive apt-get update -q && DEBIAN_FRONTEND=noninteractive " \
-                  f"apt-get install -y -q --no-install-recommends {names}"
-    else:
-        install = f"{q(manager)} install -y {names}"
-    return Command(Op.OS_PACKAGES, f"set -eu\n{install}\n{audit_line(audit)}\n", timeout=1200)
+    return Command(OsPackages(manager, packages, audit), timeout=1200)
 
 
-def install_command(spec: ProvisionSpec, find_links: str | None, audit: dict[str, object]) -> Command:
-    """A fresh venv at the spec's path and `pip install vllm==VERSION` into it. The index URL (which may
-    carry credentials) comes on stdin into PIP_INDEX_URL, never on a command line."""
-    q = shlex.quote
-    venv = q(spec.venv)
-    pip = [f"{spec.venv}/bin/python", "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
-           "--progress-bar", "off"]
-    if find_links:
-        pip += ["--find-links", find_links]
-        if spec.index_url is None:
-            pip.append("--no-index")
-    pip.append(f"vllm=={spec.version}")
-    script = f"""set -eu
+@dataclass(frozen=True)
+class InstallVllm(Intent):
+    """A fresh venv at `venv` and `pip install vllm==VERSION` into it, from `find_links` (a wheelhouse on the
+    host; only there unless `indexed`) and the index URL read from stdin, if any."""
+
+    op: ClassVar[Op] = Op.INSTALL_VLLM
+    venv: str
+    version: str
+    find_links: str | None
+    indexed: bool
+    audit: dict[str, object]
+
+    def render(self) -> str:
+        q = shlex.quote
+        venv = q(self.venv)
+        pip = [f"{self.venv}/bin/python", "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
+               "--progress-bar", "off"]
+        if self.find_links:
+            pip += ["--find-links", self.find_links]
+            if not self.indexed:
+                pip.append("--no-index")
+        pip.append(f"vllm=={self.version}")
+        return f"""set -eu
 IFS= read -r index || true
 if [ -n "$index" ]; then PIP_INDEX_URL=$index; export PIP_INDEX_URL; fi
 unset index
@@ -118,15 +164,33 @@ mkdir -p {venv}
 touch {venv}/{INSTALLING_MARK}
 python3 -m venv {venv}
 {" ".join(q(w) for w in pip)}
-printf '%s\\n' {q(spec.version)} > {venv}/{DONE_MARK}
+printf '%s\\n' {q(self.version)} > {venv}/{DONE_MARK}
 rm -f {venv}/{INSTALLING_MARK}
-{audit_line(audit)}
+{audit_line(self.audit)}
 """
+
+
+def install_command(spec: ProvisionSpec, find_links: str | None, audit: dict[str, object]) -> Command:
+    """The index URL (which may carry credentials) comes on stdin into PIP_INDEX_URL, never on a command
+    line."""
     stdin = (spec.index_url.reveal() if spec.index_url else "") + "\n"
-    return Command(Op.INSTALL_VLLM, script, stdin=stdin.encode(), timeout=3600, check=False)
+    intent = InstallVllm(spec.venv, spec.version, find_links, spec.index_url is not None, audit)
+    return Command(intent, stdin=stdin.encode(), timeout=3600, check=False)
+
+
+@dataclass(frozen=True)
+class PruneVenvs(Intent):
+    """Remove the venvs provisioning installed (their done marker says so) that nothing runs any more."""
+
+    op: ClassVar[Op] = Op.PRUNE_VENVS
+    venvs: tuple[str, ...]
+    audit: dict[str, object]
+
+    def render(self) -> str:
+        q = shlex.quote
+        removes = "\n".join(f"[ -f {q(v)}/{DONE_MARK} ] && rm -rf {q(v)}" for v in self.venvs)
+        return f"set -u\n{removes}\n{audit_line(self.audit)}\n"
 
 
 def prune_command(venvs: list[str], audit: dict[str, object]) -> Command:
-    q = shlex.quote
-    removes = "\n".join(f"[ -f {q(v)}/{DONE_MARK} ] && rm -rf {q(v)}" for v in venvs)
-    return Command(Op.PRUNE_VENVS, f"set -u\n{removes}\n{audit_line(audit)}\n")
+    return Command(PruneVenvs(tuple(venvs), audit))

@@ -11,14 +11,16 @@ import json
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
-from ernie_deploy.planning.render import ENV_DIR, UNIT_DIR
-from ernie_deploy.remote.command import Command, Op
-from ernie_deploy.remote.rolling import audit_line
-from ernie_deploy.remote.state import RELEASES_DIR, pending_add, pending_remove
+from ernie_deploy.planning.hostpaths import ENV_DIR, RELEASES_DIR, UNIT_DIR
+from ernie_deploy.remote.audit import audit_line
+from ernie_deploy.remote.command import Command, Intent, Op
+from ernie_deploy.remote.protocol import marker
+from ernie_deploy.remote.state import pending_add, pending_remove
 
-MARK = "@@ernie-deploy:release-json "
+MARK = marker("release-json")  # one kept release's record, on one line
+DIR_MARK = marker("release-dir")  # the directory the next record comes from
 
 
 @dataclass(frozen=True)
@@ -37,44 +39,100 @@ class Release:
                    tuple(str(p) for p in data.get("changed", ())))
 
 
+@dataclass(frozen=True)
+class ListReleases(Intent):
+    """Print every kept release's record, oldest first."""
+
+    op: ClassVar[Op] = Op.RELEASES
+
+    def render(self) -> str:
+        return (f"for d in $(ls -1 {RELEASES_DIR} 2>/dev/null | grep -v '\\.tmp$' | sort); do "
+                f"printf '{DIR_MARK}%s\\n' \"$d\"; printf '{MARK}'; tr -d '\\n' < {RELEASES_DIR}/\"$d\"/release.json; "
+                "echo; done\n")
+
+
 def list_command() -> Command:
-    return Command(Op.RELEASES, f"for d in $(ls -1 {RELEASES_DIR} 2>/dev/null | grep -v '\\.tmp$' | sort); do "
-                                f"printf '{MARK}'; tr -d '\\n' < {RELEASES_DIR}/\"$d\"/release.json; echo; done\n")
+    return Command(ListReleases())
 
 
-def parse_list(text: str) -> list[Release]:
-    """Oldest first; a release whose record is unreadable is skipped (it cannot be restored safely)."""
-    out = []
+class Kept(list[Release]):
+    """The kept releases, oldest first, and the directories whose record could not be read: those are left out
+    (they cannot be restored safely), and said so."""
+
+    def __init__(self, releases: Sequence[Release] = (), skipped: Sequence[str] = ()) -> None:
+        super().__init__(releases)
+        self.skipped = tuple(skipped)
+
+    def notes(self) -> list[str]:
+        return [f"release {name}: unreadable record in {RELEASES_DIR}, left out (no rollback goes to it)"
+                for name in self.skipped]
+
+
+def parse_list(text: str) -> Kept:
+    out, skipped = [], []
+    name = None
     for line in text.splitlines():
-        if line.startswith(MARK):
+        if line.startswith(DIR_MARK):
+            name = line[len(DIR_MARK):].strip()
+        elif line.startswith(MARK):
             try:
                 out.append(Release.from_json(json.loads(line[len(MARK):])))
             except (ValueError, KeyError, TypeError):
-                continue
-    return out
+                skipped.append(name or "(unnamed)")
+            name = None
+    return Kept(out, skipped)
 
 
-def restore_command(release: Release, units: tuple[str, ...] = (), audit: dict[str, Any] | None = None) -> Command:
-    """Put back a release's files (only those of `units`, or all) and mark their units pending."""
-    q = shlex.quote
+@dataclass(frozen=True)
+class Restore(Intent):
+    """Put back the files at `paths` as release `release` has them, atomically per file, and mark their units
+    pending."""
+
+    op: ClassVar[Op] = Op.RESTORE
+    release: str
+    paths: tuple[str, ...]
+    audit: dict[str, Any] | None = None
+
+    @property
+    def units(self) -> tuple[str, ...]:
+        """The units whose unit or env file comes back."""
+        return tuple(sorted({p.rsplit("/", 1)[1].removesuffix(".env").removesuffix(".service") + ".service"
+                             for p in self.paths}))
+
+    def moves(self) -> list[str]:
+        """The shell lines that put the files back and mark the units pending."""
+        q = shlex.quote
+        src = f"{RELEASES_DIR}/{self.release}"
+        lines = []
+        for path in self.paths:
+            parent, name = path.rsplit("/", 1)
+            tmp = f"{parent}/.{name}.new"
+            lines += [f"cp -p {q(src + path)} {q(tmp)}", f"mv -f {q(tmp)} {q(path)}"]
+        if self.units:
+            lines += pending_add(dict.fromkeys(self.units))
+        return lines
+
+    def render(self) -> str:
+        lines = ["set -eu", "umask 077", *self.moves()]
+        if self.audit is not None:
+            lines.append(audit_line(self.audit))
+        return "\n".join(lines) + "\n"
+
+
+def restoring(release: Release, units: tuple[str, ...] = (), audit: dict[str, Any] | None = None) -> Restore:
+    """What restoring a release's files (only those of `units`, or all) puts back."""
 
     def wanted(path: str) -> bool:
         name = path.rsplit("/", 1)[-1]
         return not units or any(name in (u, u.removesuffix(".service") + ".env") for u in units)
 
     paths = sorted(p for p in release.files if wanted(p) and p.startswith((UNIT_DIR + "/", ENV_DIR + "/")))
-    src = f"{RELEASES_DIR}/{release.id}"
-    lines = ["set -eu", "umask 077"]
-    for path in paths:
-        parent, name = path.rsplit("/", 1)
-        tmp = f"{parent}/.{name}.new"
-        lines += [f"cp -p {q(src + path)} {q(tmp)}", f"mv -f {q(tmp)} {q(path)}"]
-    restored = sorted({p.rsplit("/", 1)[1].removesuffix(".env").removesuffix(".service") + ".service" for p in paths})
-    if restored:
-        lines += pending_add(dict.fromkeys(restored))
-    if audit is not None:
-        lines.append(audit_line(audit))
-    return Command(Op.RESTORE, "\n".join(lines) + "\n", units=tuple(restored))
+    return Restore(release.id, tuple(paths), audit)
+
+
+def restore_command(release: Release, units: tuple[str, ...] = (), audit: dict[str, Any] | None = None) -> Command:
+    """Put back a release's files (only those of `units`, or all) and mark their units pending."""
+    return Command(restoring(release, units, audit))
 
 
 def current(releases: Sequence[Release], files: Mapping[str, str]) -> Release | None:
@@ -123,27 +181,46 @@ def has_unit(release: Release, unit: str) -> bool:
     return unit_path(unit) in release.files
 
 
+@dataclass(frozen=True)
+class Undo(Intent):
+    """Undo a failed change on a host: put each unit of `back` back to its release's files (so what is on disk
+    is again what ran) and take it off the pending list; stop the `stop` units (the caller starts them again
+    once their GPUs are free); stop and disable the `disable` units (no earlier release has them)."""
+
+    op: ClassVar[Op] = Op.UNDO
+    back: dict[str, Restore]  # unit → what puts its files back
+    stop: tuple[str, ...]
+    disable: tuple[str, ...]
+    audit: dict[str, Any]
+
+    @property
+    def units(self) -> tuple[str, ...]:
+        """The units put back or disabled: off the pending list afterwards."""
+        return tuple(sorted(self.back)) + self.disable
+
+    def render(self) -> str:
+        q = shlex.quote
+        lines = ["set -eu", "umask 077"]
+        for _, restore in sorted(self.back.items()):
+            lines += restore.moves()
+        lines.append("systemctl daemon-reload")
+        for unit in self.stop + self.disable:
+            lines.append(f"systemctl stop {q(unit)} || true")
+            lines.append(f"systemctl reset-failed {q(unit)} 2>/dev/null || true")
+        if self.disable:
+            lines.append("systemctl disable -q " + " ".join(q(u) for u in self.disable) + " || true")
+        if self.units:
+            lines.append(pending_remove(self.units))
+        lines.append(audit_line(self.audit))
+        return "\n".join(lines) + "\n"
+
+
 def undo_command(restore: Mapping[str, Release], stop: tuple[str, ...], disable: tuple[str, ...],
                  audit: dict[str, Any]) -> Command:
-    """Undo a failed change on a host, atomically per file: put each unit of `restore` back to its release's
-    files (so what is on disk is again what ran) and take it off the pending list; stop `stop` units (the
-    caller starts them again once their GPUs are free); stop and disable `disable` units (no earlier release
-    has them: a first deploy)."""
-    q = shlex.quote
-    lines = ["set -eu", "umask 077"]
-    for unit, release in sorted(restore.items()):
-        lines += restore_command(release, (unit,)).script.splitlines()[2:]
-    lines.append("systemctl daemon-reload")
-    for unit in stop + disable:
-        lines.append(f"systemctl stop {q(unit)} || true")
-        lines.append(f"systemctl reset-failed {q(unit)} 2>/dev/null || true")
-    if disable:
-        lines.append("systemctl disable -q " + " ".join(q(u) for u in disable) + " || true")
-    done = tuple(sorted(restore)) + disable
-    if done:
-        lines.append(pending_remove(done))
-    lines.append(audit_line(audit))
-    return Command(Op.UNDO, "\n".join(lines) + "\n", units=done, timeout=3600)
+    """Undo a failed change on a host, atomically per file: each unit of `restore` back to its release (see
+    Undo)."""
+    back = {unit: restoring(release, (unit,)) for unit, release in restore.items()}
+    return Command(Undo(back, stop, disable, audit), timeout=3600)
 
 
 def unit_values(text: str) -> dict[str, str]:

@@ -1,5 +1,5 @@
-"""Commands of one instance's restart cycle besides start (converge.activate): stop it, and read whether its
-GPUs are free again. Parsers are pure and live beside them.
+"""Commands of one instance's restart cycle besides start (converge.activate): read its /metrics while it
+drains, stop it, and read whether its GPUs are free again. Parsers are pure and live beside them.
 
 The GPU baseline (used memory per GPU right before the instance started) is written by activate when it
 starts a unit that was not running, so the release gate compares against what the GPUs held without it.
@@ -7,25 +7,18 @@ starts a unit that was not running, so the release gate compares against what th
 
 from __future__ import annotations
 
-import json
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from ernie_deploy.checks.gpus import ComputeApp, GpuRow, csv_number, csv_rows, parse_compute_apps, parse_gpu_rows
-from ernie_deploy.remote import systemd
-from ernie_deploy.remote.command import Command, Op
+from ernie_deploy.planning.hostpaths import BASELINE_DIR
+from ernie_deploy.remote import http, systemd
+from ernie_deploy.remote.audit import audit_line
+from ernie_deploy.remote.command import Command, Intent, Op
 from ernie_deploy.remote.probe import APPS_QUERY, GPU_QUERY
-from ernie_deploy.remote.state import AUDIT_LOG, BASELINE_DIR
-
-MARK = "@@ernie-deploy:"
-
-
-def audit_line(record: dict[str, Any]) -> str:
-    q = shlex.quote
-    return (f"mkdir -p $(dirname {AUDIT_LOG}); printf '%s\\n' {q(json.dumps(record, sort_keys=True))} >> {AUDIT_LOG}; "
-            f"chmod 0600 {AUDIT_LOG}")
+from ernie_deploy.remote.protocol import MARK, split
 
 
 def baseline_script(unit: str, gpus: tuple[int, ...]) -> str:
@@ -38,21 +31,48 @@ def baseline_script(unit: str, gpus: tuple[int, ...]) -> str:
             f"2>/dev/null && mv -f {q(path)}.new {q(path)} || rm -f {q(path)}.new; fi")
 
 
-def stop_command(unit: str, audit: dict[str, Any]) -> Command:
+@dataclass(frozen=True)
+class Stop(Intent):
     """systemctl stop (SIGTERM to the API server, which drains; SIGKILL to what is left after TimeoutStopSec),
     then whether systemd had to kill the old run."""
-    q = shlex.quote
-    script = "\n".join([
-        "set -u",
-        f"OLD=$(systemctl show -p InvocationID --value {q(unit)})",
-        f"systemctl stop {q(unit)}",
-        f"printf '{MARK}stopped %s\\n' \"$(systemctl show -p ActiveState --value {q(unit)})\"",
-        # systemd logs this when the process outlived TimeoutStopSec and got SIGKILL (requests were cut).
-        f"if [ -n \"$OLD\" ] && journalctl INVOCATION_ID=\"$OLD\" -o cat --no-pager 2>/dev/null | "
-        f"grep -q 'timed out. Killing'; then printf '{MARK}killed\\n'; fi",
-        audit_line(audit),
-    ]) + "\n"
-    return Command(Op.STOP, script, units=(unit,), timeout=3600)
+
+    op: ClassVar[Op] = Op.STOP
+    unit: str
+    audit: dict[str, Any]
+
+    def render(self) -> str:
+        q = shlex.quote
+        unit = self.unit
+        return "\n".join([
+            "set -u",
+            f"OLD=$(systemctl show -p InvocationID --value {q(unit)})",
+            f"systemctl stop {q(unit)}",
+            f"printf '{MARK}stopped %s\\n' \"$(systemctl show -p ActiveState --value {q(unit)})\"",
+            # systemd logs this when the process outlived TimeoutStopSec and got SIGKILL (requests were cut).
+            f"if [ -n \"$OLD\" ] && journalctl INVOCATION_ID=\"$OLD\" -o cat --no-pager 2>/dev/null | "
+            f"grep -q 'timed out. Killing'; then printf '{MARK}killed\\n'; fi",
+            audit_line(self.audit),
+        ]) + "\n"
+
+
+def stop_command(unit: str, audit: dict[str, Any]) -> Command:
+    return Command(Stop(unit, audit), timeout=3600)
+
+
+@dataclass(frozen=True)
+class Metrics(Intent):
+    """One read of an instance's /metrics (`request`, made on the host), while it drains."""
+
+    op: ClassVar[Op] = Op.METRICS
+    unit: str
+    request: http.Request
+
+    def render(self) -> str:
+        return http.script()
+
+
+def metrics_command(unit: str, request: http.Request) -> Command:
+    return Command(Metrics(unit, request), stdin=http.stdin([request], None), check=False)
 
 
 @dataclass(frozen=True)
@@ -71,22 +91,32 @@ def parse_stop(text: str) -> Stopped:
     return Stopped(state, killed)
 
 
+@dataclass(frozen=True)
+class GpuRelease(Intent):
+    """The units' states and baselines, every GPU's memory, and the compute processes with their names and
+    units."""
+
+    op: ClassVar[Op] = Op.GPU_RELEASE
+    units: tuple[str, ...]
+
+    def render(self) -> str:
+        q = shlex.quote
+        per_unit = "".join(f"printf '{MARK}unit %s\\n' {q(u)}; {systemd.show_one(u)}\n"
+                           f"printf '{MARK}baseline %s\\n' {q(u)}; cat {q(BASELINE_DIR + '/' + u)} 2>/dev/null; true\n"
+                           for u in self.units)
+        return (per_unit +
+                f"printf '{MARK}gpus\\n'; {GPU_QUERY} 2>&1\n"
+                f"printf '{MARK}apps\\n'; {APPS_QUERY} 2>&1\n"
+                f"printf '{MARK}ps\\n'; ps -e -o pid=,comm=\n"
+                # The unit each GPU process belongs to (its cgroup), so another running instance sharing the GPU
+                # is not taken for an orphan.
+                f"printf '{MARK}cgroups\\n'; nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | "
+                f"while read -r p; do printf '%s %s\\n' \"$p\" \"$(tail -n 1 /proc/$p/cgroup 2>/dev/null | "
+                f"sed 's|.*/||')\"; done\n")
+
+
 def gpu_command(units: Sequence[str]) -> Command:
-    """The units' states and baselines, every GPU's memory, and the compute processes with their names and units."""
-    q = shlex.quote
-    per_unit = "".join(f"printf '{MARK}unit %s\\n' {q(u)}; {systemd.show_one(u)}\n"
-                       f"printf '{MARK}baseline %s\\n' {q(u)}; cat {q(BASELINE_DIR + '/' + u)} 2>/dev/null; true\n"
-                       for u in units)
-    script = (per_unit +
-              f"printf '{MARK}gpus\\n'; {GPU_QUERY} 2>&1\n"
-              f"printf '{MARK}apps\\n'; {APPS_QUERY} 2>&1\n"
-              f"printf '{MARK}ps\\n'; ps -e -o pid=,comm=\n"
-              # The unit each GPU process belongs to (its cgroup), so another running instance sharing the GPU
-              # is not taken for an orphan.
-              f"printf '{MARK}cgroups\\n'; nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | "
-              f"while read -r p; do printf '%s %s\\n' \"$p\" \"$(tail -n 1 /proc/$p/cgroup 2>/dev/null | "
-              f"sed 's|.*/||')\"; done\n")
-    return Command(Op.GPU_RELEASE, script, units=tuple(units))
+    return Command(GpuRelease(tuple(units)))
 
 
 @dataclass
@@ -101,12 +131,8 @@ class GpuReading:
 
 def parse_gpus(text: str) -> GpuReading:
     sections: dict[str, list[str]] = {}
-    target: list[str] | None = None
-    for line in text.splitlines():
-        if line.startswith(MARK):
-            target = sections.setdefault(line[len(MARK):].strip(), [])
-        elif target is not None:
-            target.append(line)
+    for section in split(text):
+        sections.setdefault(section.header, []).extend(section.lines)
     reading = GpuReading()
     reading.rows = parse_gpu_rows("\n".join(sections.get("gpus", [])))
     reading.apps = parse_compute_apps("\n".join(sections.get("apps", [])))

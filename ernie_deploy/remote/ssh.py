@@ -21,6 +21,7 @@ import hashlib
 import logging
 import shlex
 import socket
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ from typing import Any
 import paramiko
 from fabric import Config, Connection
 
-from ernie_deploy.errors import DeployError
+from ernie_deploy.errors import DeployError, ExitCode
 from ernie_deploy.remote.command import Command
 from ernie_deploy.remote.hostkeys import HostKeyPolicy
 from ernie_deploy.remote.route import Route, route_from_vars
@@ -52,6 +53,7 @@ class RemoteError(DeployError):
     def __init__(self, kind: Failure, message: str, *, where: str, hint: str | None = None) -> None:
         super().__init__(f"{kind.value}: {message}", where=where, hint=hint)
         self.kind = kind
+        self.exit_code = ExitCode.UNREACHABLE if kind is Failure.UNREACHABLE else ExitCode.FAILED
 
 
 @dataclass(frozen=True)
@@ -161,8 +163,7 @@ class Session:
             for chunk in cmd.stream or ():
                 chan_in.write(chunk)
             chan_in.channel.shutdown_write()
-            out = chan_out.read()
-            err = chan_err.read()
+            out, err = _read_both(chan_out, chan_err)
             code = chan_out.channel.recv_exit_status()
         except (TimeoutError, paramiko.SSHException, OSError) as exc:
             raise RemoteError(Failure.UNREACHABLE, f"connection lost while running {cmd.label}: {exc}",
@@ -185,6 +186,30 @@ class Session:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _read_both(chan_out: paramiko.ChannelFile, chan_err: paramiko.ChannelFile) -> tuple[bytes, bytes]:
+    """Both streams to their end, read at once: the channel's window only opens as its data is read, so a
+    command writing more stderr than the window holds would wait on us while we wait for its stdout (the
+    pattern of paramiko #1778)."""
+    err: list[bytes] = []
+    failed: list[BaseException] = []
+
+    def read_err() -> None:
+        try:
+            err.append(chan_err.read())
+        except BaseException as exc:  # re-raised on the caller's thread, where the run's errors are handled
+            failed.append(exc)
+
+    reader = threading.Thread(target=read_err, name="ssh-stderr", daemon=True)
+    reader.start()
+    try:
+        out = chan_out.read()
+    finally:
+        reader.join()
+    if failed:
+        raise failed[0]
+    return out, err[0]
 
 
 def _prepare_client(client: paramiko.SSHClient, target: Target, policy: HostKeyPolicy, record: bool = True) -> None:

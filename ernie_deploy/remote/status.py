@@ -10,17 +10,17 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ernie_deploy.planning.render import UNIT_DIR
-from ernie_deploy.remote.facts import MARK, UNIT_GLOB, sections
+from ernie_deploy.planning.hostpaths import AUDIT_LOG, UNIT_DIR
+from ernie_deploy.remote.facts import UNIT_GLOB
+from ernie_deploy.remote.protocol import MARK_FUNCTION, sections
 from ernie_deploy.remote.releases import Release, list_command, parse_list
-from ernie_deploy.remote.state import AUDIT_LOG
 
 AUDIT_LINES = 20
 
 
 def status_script() -> str:
     return f"""
-m() {{ printf '\\n{MARK}%s\\n' "$1"; }}
+{MARK_FUNCTION}
 {list_command().script}
 m status-audit; tail -n {AUDIT_LINES} {AUDIT_LOG} 2>/dev/null
 m status-main
