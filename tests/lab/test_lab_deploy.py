@@ -95,7 +95,7 @@ def test_deploy_makes_every_unit_active_healthy_and_exactly_rendered(
     assert {h["status"] for h in hosts.values()} == {"changed"}
     from ernie_deploy.inventory.inventory import load_inventory
     from ernie_deploy.orchestration.snapshot import discovered
-    from ernie_deploy.planning.plan import PlanContext, plan_host
+    from ernie_deploy.planning.plan import PlanContext, build_plan, read_inputs
     from ernie_deploy.remote.facts import gather_command, parse_facts
 
     env = environment_for_templates(templates_dir())
@@ -104,7 +104,8 @@ def test_deploy_makes_every_unit_active_healthy_and_exactly_rendered(
         with session:
             gather = gather_command("/models/ERNIE-4.5-0.3B-PT", "/opt/vllm/0.34.0/bin/vllm")
             facts = parse_facts(session.run(gather).text)
-        plan = plan_host(host, PlanContext.load(), discovered(facts))
+        ctx = PlanContext.load()
+        plan = build_plan(read_inputs(host, ctx), ctx, discovered(facts))
         (unit, _env) = render_host(plan, env)
         shown = lab.ssh(host.name, "systemctl cat ernie-vllm-0.service").stdout
         # systemctl cat prefixes the file's path as a comment line; the rest is the file, byte for byte.
