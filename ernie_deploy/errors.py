@@ -20,6 +20,7 @@ class ExitCode(IntEnum):
     LOCKED = 6  # a host's deploy lock is held by another run
     INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
     TERMINATED = 143  # SIGTERM (128 + SIGTERM); SIGHUP gives 129
+    BROKEN_PIPE = 141  # the output's reader went away (`| head`): 128 + SIGPIPE, as a shell reports such a stop
 
 
 class DeployError(Exception):

@@ -84,7 +84,13 @@ class FakeHost:
     model_readable: bool | None = None  # can vllm_user read config.json (None: no such user on the host)
     killed_on_stop: bool = False  # stop reports the old process was SIGKILLed after TimeoutStopSec
     fail_on: Op | None = None  # raise an unexpected (non-ernie) exception on this operation
+    silent_from: Op | None = None  # from this operation on the host answers nothing, as remote/ssh.py reports it
     release_files: dict[str, dict[str, str]] = field(default_factory=dict)  # release id → path → content
+    failed_marks: dict[str, str] = field(default_factory=dict)  # release id → its failed.json (an Undo wrote it)
+    vllm: str = "0.34.0"  # the version the default venv path has installed
+    running_vllm: dict[str, str] = field(default_factory=dict)  # unit → the version its process uses (else vllm)
+    ctimes: dict[str, int] = field(default_factory=dict)  # file → its ctime (epoch seconds), in the facts if set
+    wall_now: float | None = None  # the host's clock in the facts (processes started 1000 s before it)
     orphan: int | None = None  # a PID holding GPU 0 after every stop (the GPU release gate must wait for it)
     in_flight: list[int] = field(default_factory=list)  # /metrics answers in turn (running + waiting); then 0
     fail_start: str | None = None  # starts fail at once with a fatal start-up line when the unit file
@@ -103,7 +109,12 @@ class FakeHost:
                 + f"{MARK}now\n{10**9}\n{MARK}health\n" + "".join(f"{u} 200\n" for u in self.active) +
                 f"{MARK}model\n{CONFIG}\nrc=0\n{MARK}modeluser\n"
                 + {True: "readable\n", False: "unreadable\n", None: ""}[self.model_readable]
-                + f"{MARK}vllm\n0.34.0\nrc=0\n{MARK}lock\n{self.lock_info or ''}\n{MARK}pending\n"
+                + f"{MARK}vllm\n{self.vllm}\nrc=0\n{MARK}running\n"
+                + "".join(f"{u}\t/opt/vllm/{v}/bin/vllm\t{v}\n"
+                          for u, v in ((u, self.running_vllm.get(u, self.vllm)) for u in sorted(self.active)))
+                + f"{MARK}ctimes\n" + "".join(f"{t} {p}\n" for p, t in sorted(self.ctimes.items()))
+                + (f"{MARK}wallnow\n{self.wall_now}\n" if self.wall_now is not None else "")
+                + f"{MARK}lock\n{self.lock_info or ''}\n{MARK}pending\n"
                 + "\n".join(f"{u} {self.pending_from[u]}" if u in self.pending_from else u
                             for u in sorted(self.pending)) + f"\n{MARK}end\n")
 
@@ -191,6 +202,8 @@ class FakeHost:
         for u in undo.stop + undo.disable:
             self.active.pop(u, None)
         self.pending -= set(undo.units)
+        if undo.failed is not None and undo.failed[0] in self.release_files:
+            self.failed_marks[undo.failed[0]] = json.dumps(undo.failed[1].to_json())
         for u in undo.units:
             self.pending_from.pop(u, None)
         self.log.append("undo " + " ".join(undo.units))
@@ -267,6 +280,9 @@ class FakeSession:
         h.received.append(cmd)
         if h.fail_on is cmd.op:
             raise ValueError(f"fake failure on {cmd.op.value}")
+        if h.silent_from is cmd.op or any(c.op is h.silent_from for c in h.received[:-1]):
+            raise RemoteError(Failure.UNREACHABLE, f"the host answered nothing for 60s (while running {cmd.label})",
+                              where=self.target.name)
         if isinstance(cmd.intent, Acquire):
             info = cmd.intent.info
             if h.lock_info and info.token not in h.lock_info:
@@ -303,7 +319,9 @@ class FakeSession:
             case ReadFiles() as read:
                 return h.read(read)
             case ListReleases():
-                return "".join(f"{MARK}release-json {json.dumps(r)}\n" for r in h.releases)
+                return "".join(f"{MARK}release-json {json.dumps(r)}\n"
+                               + (f"{MARK}release-failed {h.failed_marks[str(r['id'])]}\n"
+                                  if str(r["id"]) in h.failed_marks else "") for r in h.releases)
             case Stop() as stop:
                 return h.stop(stop)
             case GpuRelease() as release:

@@ -9,6 +9,22 @@ def unsystemd(line: str) -> list[str]:
     """Split an ExecStart= value the way systemd documents it (systemd.service(5), systemd.syntax(7)):
     `%%` is a literal %, any other specifier is an error here; words split on whitespace with double/single
     quotes and C escapes; `$$` is a literal $, `$NAME` would be expanded (an error here)."""
+    out = []
+    for w in _words(line):
+        if re.search(r"\$[^$]", w.replace("$$", "")):
+            raise AssertionError(f"variable expansion in {w!r}")
+        out.append(w.replace("$$", "$"))
+    return out
+
+
+def unsystemd_environment(line: str) -> dict[str, str]:
+    """The variables an Environment= value sets (systemd.exec(5)): the same words as ExecStart=, but `$`
+    has no special meaning there."""
+    return dict(word.split("=", 1) for word in _words(line))
+
+
+def _words(line: str) -> list[str]:
+    """Specifiers (`%%` only), then words split on whitespace with double/single quotes and C escapes."""
     if re.search(r"%[^%]", line.replace("%%", "")):
         raise AssertionError(f"unescaped specifier in {line!r}")
     line = line.replace("%%", "%")
@@ -35,9 +51,4 @@ def unsystemd(line: str) -> list[str]:
             i += 1
         assert quote is None, f"unterminated quote in {line!r}"
         words.append(word)
-    out = []
-    for w in words:
-        if re.search(r"\$[^$]", w.replace("$$", "")):
-            raise AssertionError(f"variable expansion in {w!r}")
-        out.append(w.replace("$$", "$"))
-    return out
+    return words

@@ -134,3 +134,77 @@ def test_diffs_are_never_wrapped(capsys: pytest.CaptureFixture[str]) -> None:
     show_results([HostResult("h", Status.CHANGED, "would change", detail=Change(diffs=[diff]))])
     out = capsys.readouterr().out
     assert long in out.splitlines()
+
+
+def test_verify_json_has_its_own_schema(capsys: pytest.CaptureFixture[str]) -> None:
+    """verify's document is not deploy's (issue 23, item 13): its own name, in --help too."""
+    from ernie_deploy.checks.result import CheckResult
+    from ernie_deploy.orchestration.results import HostResult
+    from ernie_deploy.output.remote import show_verify
+    show_verify([HostResult("h", checks=[CheckResult("systemd", "pass", "up", instance="vllm-0")])], 0, json=True,
+                verbose=0)
+    data = json.loads(capsys.readouterr().out)
+    assert data["schema"] == "ernie-deploy/verify/v1" and data["hosts"][0]["checks"][0]["name"] == "systemd"
+    with pytest.raises(SystemExit):
+        main(["verify", "--help"])
+    assert "deploy/verify/v1" in capsys.readouterr().out  # argparse may wrap after "ernie-"
+
+
+def test_host_level_checks_print_under_their_host_not_none(capsys: pytest.CaptureFixture[str]) -> None:
+    """A check of the host as a whole (a drop-in) has no instance: it prints under the host (issue 23, item 13)."""
+    from ernie_deploy.checks.result import CheckResult
+    from ernie_deploy.orchestration.results import HostResult, Status
+    from ernie_deploy.output.recap import show_checks, show_results
+    result = HostResult("gpu-1", Status.FAILED, checks=[
+        CheckResult("systemd", "pass", "up", instance="vllm-0"),
+        CheckResult("drop-in", "fail", "/etc/x.conf overrides a managed unit", fix="fold it in")])
+    show_checks([result], verbose=1)
+    show_results([result], verbose=1)
+    out = capsys.readouterr().out
+    assert "None" not in out
+    assert "  vllm-0\n" in out and "  host gpu-1\n" in out and "fail host gpu-1 drop-in" in out
+
+
+PARAMIKO_TRACEBACK = """
+import logging, sys
+from ernie_deploy.cli import main as cli
+
+
+def plan(args):
+    try:
+        raise EOFError("banner")
+    except EOFError:
+        logging.getLogger("paramiko.transport").error("Exception (client): error reading SSH banner", exc_info=True)
+    return 0
+
+
+cli.cmd_plan = plan
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_paramikos_tracebacks_reach_stderr_only_with_vvv() -> None:
+    """paramiko logs a failed connection with its traceback at ERROR; the host's result names the failure, so
+    the traceback is -vvv detail (issue 23, item 13)."""
+    def stderr(*extra: str) -> str:
+        return subprocess.run([sys.executable, "-c", PARAMIKO_TRACEBACK, *extra, "plan", "-i", EXAMPLE],
+                              capture_output=True, text=True, check=True).stderr
+    assert stderr() == ""
+    assert "Traceback" in stderr("-vvv") and "EOFError: banner" in stderr("-vvv")
+
+
+def test_findings_print_once_per_run_and_advice_only_with_v(capsys: pytest.CaptureFixture[str]) -> None:
+    """A playbook's tasks all carry a host's plan findings: a warning prints once per run, advice is -v detail
+    (issue 23, item 13)."""
+    from ernie_deploy.orchestration.results import HostResult, Status
+    from ernie_deploy.output.recap import show_results
+    from ernie_deploy.planning.findings import Finding, Severity
+    findings = [Finding(Severity.WARNING, "flag-unknown", "--x not known for vLLM 0.1"),
+                Finding(Severity.ADVICE, "replicas", "2 replicas would fit")]
+    shown: set[tuple[str, str]] = set()
+    for _ in range(3):  # three tasks
+        show_results([HostResult("h", Status.OK, "ok", findings=list(findings))], 0, shown)
+    out = capsys.readouterr().out
+    assert out.count("--x not known") == 1 and "2 replicas" not in out
+    show_results([HostResult("h", Status.OK, "ok", findings=list(findings))], 1)
+    assert "2 replicas would fit" in capsys.readouterr().out

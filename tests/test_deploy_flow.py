@@ -85,6 +85,18 @@ def test_unreachable_host_does_not_stop_the_others(tmp_path: Path) -> None:
     assert recap_counts(results[0]) == {"ok": 0, "changed": 0, "unreachable": 1, "failed": 0, "skipped": 0}
 
 
+def test_a_host_that_stops_answering_mid_change_is_unreachable_and_its_lock_named_stale(tmp_path: Path) -> None:
+    fakes = {"a": FakeHost(silent_from=Op.WATCH), "b": FakeHost()}
+    results = runner(fakes).run(inventory(tmp_path, {"a": {}, "b": {}}))
+    assert [r.status for r in results] == [Status.UNREACHABLE, Status.CHANGED]
+    assert exit_code(results) == ExitCode.UNREACHABLE
+    assert "answered nothing for 60s" in results[0].message
+    # the release was tried once and not waited for: the lock stays, named for what it will look like
+    assert fakes["a"].lock_info is not None and [c.op for c in fakes["a"].received].count(Op.RELEASE_LOCK) == 1
+    assert ("could not release the deploy lock on a: host not answering; it will show as stale (once a answers "
+            "and no deploy runs: ernie-deploy lock -i INV --limit a --break)") in results[0].evidence
+
+
 def test_any_errors_fatal_skips_hosts_not_yet_started(tmp_path: Path) -> None:
     fakes = {"a": FakeHost(unreachable=True), "b": FakeHost(), "c": FakeHost()}
     results = runner(fakes, forks=1, any_errors_fatal=True).run(
@@ -213,7 +225,8 @@ def test_a_change_found_by_the_unlocked_read_is_made_under_the_lock(tmp_path: Pa
     fakes["a"].files["/etc/systemd/system/ernie-vllm-0.service"] += "# edited by hand\n"
     (r,) = runner(fakes, recheck_after=0).run(hosts)
     assert r.status is Status.CHANGED
-    assert r.command_log[:3] == ["gather facts", "lock + gather facts", "gather facts"]
+    # The pre-flight reads the GPUs of the instance to restart (a stray process there would keep it down).
+    assert r.command_log[:4] == ["gather facts", "lock + gather facts", "read GPU release", "gather facts"]
     assert fakes["a"].lock_info is None  # taken, then released
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 import signal
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -71,8 +73,19 @@ def terminated(tmp: Path) -> int:
     return exit_code([], signal.SIGTERM)  # the run itself: the lab's SIGTERM test
 
 
+def reader_gone(tmp: Path) -> int:
+    """`ernie-deploy plan | head`: the reader closed the pipe before the output came (issue 23, item 13)."""
+    proc = subprocess.Popen([sys.executable, "-m", "ernie_deploy", "plan", "-i", str(ROOT / "inventory/example.yml"),
+                             "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert err == "", err  # quietly: no BrokenPipeError traceback
+    return proc.wait()
+
+
 SCENARIOS: dict[int, Callable[[Path], int]] = {0: ok, 1: plan_errors, 2: host_failed, 4: unreachable, 5: bad_input,
-                                               6: locked, 130: interrupted, 143: terminated}
+                                               6: locked, 130: interrupted, 141: reader_gone, 143: terminated}
 
 
 def test_every_readme_code_is_an_exit_code_with_a_scenario() -> None:

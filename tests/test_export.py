@@ -211,3 +211,15 @@ def test_ansible_lint_passes_on_the_export(tmp_path: Path) -> None:
     done = subprocess.run([str(BIN / "ansible-lint"), "--offline", "--nocolor", "--profile", "production"],
                           cwd=out, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+
+
+def test_hooks_get_the_documented_command_names(tmp_path: Path) -> None:
+    """ERNIE_COMMAND is what docs/hooks.md lists (deploy, restart, rollback), not the playbook's name: a hook
+    author branches on the operation (issue 23, item 13)."""
+    assert main(["export", "ansible", "-i", str(EXAMPLE), "-o", str(tmp_path / "x"), "--limit", GOOD]) == 0
+    (cycle,) = yaml.safe_load((tmp_path / "x/roles/ernie_vllm/tasks/cycle.yml").read_text())
+    expression = cycle["vars"]["ernie_vllm_hook_env"]["ERNIE_COMMAND"]
+    for name, want in (("site.yml", "deploy"), ("rolling-restart.yml", "restart")):
+        (play,) = yaml.safe_load((tmp_path / "x" / name).read_text())
+        role_vars = {**play["pre_tasks"][0]["ansible.builtin.set_fact"], **play["roles"][0]["vars"]}
+        assert jinja2.Environment().from_string(expression).render(role_vars) == want, name

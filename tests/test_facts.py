@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+import pytest
+
 from ernie_deploy.remote.facts import gather_script, parse_facts, parse_gpus, parse_topology
 from ernie_deploy.remote.systemd import parse_units
 
@@ -103,3 +105,62 @@ def test_vllm_version_keeps_its_local_label_and_pre_release() -> None:
     assert version("0.10.1.1") == "0.10.1.1"
     assert version("0.11.0rc2.dev45+g1234abc.d20260101") == "0.11.0rc2.dev45+g1234abc.d20260101"
     assert version("INFO 12-05 [__init__.py:1] Automatically detected platform cpu.\n0.9.2") == "0.9.2"
+
+
+def test_running_vllm_is_read_from_each_main_process_not_from_the_default_path(tmp_path: Path) -> None:
+    """After a rollback the default venv path can hold another vLLM than the one the running process uses:
+    the facts read the `vllm` program from the main process's command line and that program's own version."""
+    import subprocess
+    import sys
+    import sysconfig
+    import time
+
+    from ernie_deploy.remote.facts import running_script
+
+    venv = tmp_path / "opt/vllm/0.34.0"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    purelib = Path(sysconfig.get_path("purelib", vars={"base": str(venv), "platbase": str(venv)}))
+    (purelib / "vllm-0.34.0.dist-info").mkdir(parents=True)
+    (purelib / "vllm-0.34.0.dist-info/METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.34.0\n")
+    vllm = venv / "bin/vllm"
+    vllm.write_text(f"#!{venv}/bin/python\nsleep 30\n")  # the test's process runs it with sh: it waits
+    units, shims = tmp_path / "units", tmp_path / "bin"
+    units.mkdir()
+    shims.mkdir()
+    for name in ("ernie-vllm-0.service", "ernie-vllm-1.service"):
+        (units / name).write_text("[Service]\n")
+    # The process as systemd runs it: the script behind its interpreter (argv[0] python, argv[1] the script).
+    proc = subprocess.Popen(["bash", "-c", f'exec -a {venv}/bin/python sh "$0" serve /m', str(vllm)])
+    try:
+        deadline = time.monotonic() + 10
+        while b"serve" not in Path(f"/proc/{proc.pid}/cmdline").read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.01)  # until bash has exec'd it
+        # systemctl: unit 0 runs that process, unit 1 is stopped (MainPID=0).
+        (shims / "systemctl").write_text(f'#!/bin/sh\ncase "$*" in *vllm-0*) echo {proc.pid};; *) echo 0;; esac\n')
+        (shims / "systemctl").chmod(0o755)
+        script = running_script().replace("/etc/systemd/system", str(units))
+        out = subprocess.run(["sh", "-c", script], capture_output=True, text=True,
+                             env={"PATH": f"{shims}:/usr/bin:/bin"}).stdout
+    finally:
+        proc.kill()
+        proc.wait()
+    facts = parse_facts(f"@@ernie-deploy:vllm\n0.33.0\nrc=0\n@@ernie-deploy:running\n{out}@@ernie-deploy:end\n")
+    assert facts.vllm_version == "0.33.0"
+    assert {u: (r.bin, r.version) for u, r in facts.running.items()} == {"ernie-vllm-0.service": (str(vllm), "0.34.0")}
+    assert facts.running_versions() == ["0.34.0"]
+    assert facts.to_json()["running_vllm"] == {"ernie-vllm-0.service": {"bin": str(vllm), "version": "0.34.0"}}
+
+
+def test_facts_text_names_the_running_vllm_beside_the_installed_one(capsys: pytest.CaptureFixture[str]) -> None:
+    from ernie_deploy.orchestration.results import HostResult
+    from ernie_deploy.output.remote import show_facts
+
+    text = (FIXTURES / "a10x2.txt").read_text().replace(
+        "@@ernie-deploy:end", "@@ernie-deploy:running\nernie-vllm-0.service\t/opt/vllm/0.34.0/bin/vllm\t0.34.0\n"
+        "@@ernie-deploy:units\nId=ernie-vllm-0.service\nActiveState=active\nSubState=running\nMainPID=42\n"
+        "@@ernie-deploy:end").replace("@@ernie-deploy:vllm\n0.34.0", "@@ernie-deploy:vllm\n0.33.0")
+    facts = parse_facts(text)
+    show_facts([(HostResult("a"), facts)], {"a": None}, json=False)
+    out = capsys.readouterr().out
+    assert "vLLM 0.34.0 running (0.33.0 installed)" in out
+    assert "ernie-vllm-0.service: active/running pid 42 vLLM 0.34.0 (/opt/vllm/0.34.0/bin/vllm)" in out

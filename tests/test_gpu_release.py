@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from ernie_deploy.checks.gpurelease import MARGIN_MIB, judge
 from ernie_deploy.checks.gpus import ComputeApp, GpuRow
-from ernie_deploy.checks.metrics import in_flight
+from ernie_deploy.checks.metrics import in_flight, parse_sample
 from ernie_deploy.remote.rolling import parse_gpus
 
 ROWS = [GpuRow(0, "GPU-0", 300.0, 23028.0, 0.0), GpuRow(1, "GPU-1", 20800.0, 23028.0, 0.0)]
@@ -43,6 +45,25 @@ def test_in_flight_sums_running_and_waiting_over_engines() -> None:
     assert in_flight("process_cpu_seconds_total 3.0\n") is None  # not vLLM: never read as idle
 
 
+@pytest.mark.parametrize("name", ["m}x", 'say "hi"', "back\\slash", "two\nlines", "a,b=\"c\"}", "}"])
+def test_in_flight_reads_model_names_the_exposition_format_escapes(name: str) -> None:
+    # Prometheus's text format escapes \, " and line feed in label values (exposition_formats, "Text format
+    # details"); `}` needs no escape. Issue 23: a `}` in the name hid every sample, so the drain waited blind.
+    escaped = name.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    text = (f'vllm:num_requests_running{{engine="0",model_name="{escaped}"}} 2.0\n'
+            f'vllm:num_requests_waiting{{engine="0",model_name="{escaped}",}} 1.0 1712000000000\n')
+    assert in_flight(text) == 3
+    sample = parse_sample(text.splitlines()[0])
+    assert sample is not None and sample.labels == {"engine": "0", "model_name": name}
+
+
+@pytest.mark.parametrize("line", ['vllm:num_requests_running{model_name="a} 1.0', 'vllm:num_requests_running{x} 1',
+                                  "vllm:num_requests_running{} ", "# TYPE vllm:num_requests_running gauge",
+                                  'vllm:num_requests_running{a="1"b="2"} 1'])
+def test_malformed_sample_lines_are_not_read(line: str) -> None:
+    assert parse_sample(line) is None
+
+
 def test_gpu_reading_parses_units_baselines_and_cgroups() -> None:
     text = ("@@ernie-deploy:unit ernie-vllm-0.service\nId=ernie-vllm-0.service\nActiveState=inactive\n"
             "@@ernie-deploy:baseline ernie-vllm-0.service\n0, 310\n"
@@ -54,3 +75,13 @@ def test_gpu_reading_parses_units_baselines_and_cgroups() -> None:
     assert reading.states["ernie-vllm-0.service"].active_state == "inactive"
     assert reading.baselines == {"ernie-vllm-0.service": {0: 310.0}}
     assert reading.names == {4242: "VLLM::EngineCor"} and reading.units == {4242: "leaked.service"}
+
+
+def test_simulated_metrics_escape_model_names_as_prometheus_client_does() -> None:
+    from ernie_deploy.lab.sim.vllm_metrics import MetricsStore, render
+
+    name = 'm}"\\x\n'
+    text = render(MetricsStore(), {"vllm:num_requests_running": 2.0, "vllm:num_requests_waiting": 1.0}, name, {})
+    assert in_flight(text) == 3
+    labelled = [s for s in map(parse_sample, text.splitlines()) if s is not None and "model_name" in s.labels]
+    assert labelled and {s.labels["model_name"] for s in labelled} == {name}

@@ -65,6 +65,9 @@ def test_a_failed_start_puts_each_unit_back_to_the_release_it_ran(tmp_path: Path
     assert undo.stop == ("ernie-vllm-0.service",) and undo.disable == ()
     assert undo.units == ("ernie-vllm-0.service", "ernie-vllm-1.service")
     assert undo.audit["action"] == "rollback"
+    # The release that failed to start is marked, naming the unit and vLLM's error.
+    assert undo.failed is not None and undo.failed[0] == str(fake.releases[-1]["id"]) != ran
+    assert undo.failed[1].units == ("ernie-vllm-0.service",) and "CUDA out of memory" in undo.failed[1].reason
 
 
 def test_a_failed_first_deploy_disables_what_it_started(tmp_path: Path) -> None:
@@ -73,6 +76,7 @@ def test_a_failed_first_deploy_disables_what_it_started(tmp_path: Path) -> None:
     (undo,) = sent(fake, Undo)
     assert isinstance(undo, Undo)
     assert undo.back == {} and undo.stop == () and undo.disable == ("ernie-vllm-0.service",)
+    assert undo.failed is not None and undo.failed[0] == str(fake.releases[-1]["id"])
 
 
 def test_a_stage_marks_its_units_pending_with_the_release_they_run(tmp_path: Path) -> None:

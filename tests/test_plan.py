@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, ROOT, codes
 
+from ernie_deploy.errors import InventoryError
 from ernie_deploy.inventory.inventory import load_inventory
 from ernie_deploy.planning.findings import Severity
 from ernie_deploy.planning.plan import PlanContext, plan_hosts
@@ -83,6 +84,62 @@ def test_wrong_type_is_an_error(plan_one: Plan) -> None:
     assert "vllm_max_model_len must be int" in f.message
 
 
+# Each numeric setting, a value just outside its range and one just inside (issue 23, item 6).
+BOUNDS = [
+    ("vllm_port", 0, 1), ("vllm_port", 65536, 65535), ("vllm_port", 99999, 8000),
+    ("vllm_gpu_memory_utilization", 0, 0.01), ("vllm_gpu_memory_utilization", 1.5, 1),
+    ("vllm_gpu_memory_utilization", 1.0001, 0.9), ("vllm_gpu_memory_utilization", float("nan"), 0.5),
+    ("vllm_max_model_len", 0, 1), ("vllm_max_model_len", -4096, 4096),
+    ("vllm_tensor_parallel_size", 0, 1), ("vllm_pipeline_parallel_size", 0, 1), ("vllm_instances", 0, 1),
+    ("vllm_drain_timeout", -1, 0), ("vllm_startup_budget", 0, 0.5), ("vllm_startup_budget", float("inf"), 600),
+    ("vllm_keep_releases", 0, 1), ("vllm_stable_seconds", -0.5, 0),
+]
+
+
+@pytest.mark.parametrize(("var", "bad", "good"), BOUNDS)
+def test_numeric_settings_out_of_range_are_input_errors_naming_key_and_fix(
+        plan_one: Plan, var: str, bad: float, good: float) -> None:
+    f = finding(plan_one(**A10, gpu_count=1, **{var: bad}), "input")
+    assert f.message.startswith(f"{var} must be ") and f"got {bad!r}" in f.message
+    assert f.fix is not None and f.fix.startswith(f"set {var} to ")
+    assert not [f for f in plan_one(**A10, gpu_count=1, **{var: good}).findings if f.code == "input"]
+
+
+def test_every_numeric_setting_has_bounds() -> None:
+    from ernie_deploy.planning.settings import SETTING_TYPES
+
+    numeric = {n for n, t in SETTING_TYPES.items() if t.kind in (int, (int, float))}
+    # vllm_cpu_kvcache_space is checked against the CPU backend's own rule (planning/cpubackend.py).
+    assert {n for n in numeric if SETTING_TYPES[n].bounds is None} == {"cpu_kvcache_space"}
+    assert {v.removeprefix("vllm_") for v, _, _ in BOUNDS} == numeric - {"cpu_kvcache_space"}
+
+
+def test_last_instance_port_must_exist(plan_one: Plan) -> None:
+    f = finding(plan_one(**A10, gpu_count=2, vllm_port=65535, vllm_instances=2, vllm_tensor_parallel_size=1), "input")
+    assert "port 65536" in f.message and f.fix is not None and "set vllm_port to 65534 or lower" in f.fix
+
+
+def test_every_input_problem_is_reported_at_once_with_the_closest_name(plan_one: Plan) -> None:
+    p = plan_one(gpu_modle="NVIDIA A10", gpu_count=1, vllm_prot=8001, vllm_gpu_memory_utilization=1.5)
+    found = {f.message: f.fix for f in p.findings if f.code == "input"}
+    assert found["unknown variable gpu_modle"] == "did you mean gpu_model?"
+    assert found["unknown variable vllm_prot"] == "did you mean vllm_port?"
+    assert "vllm_gpu_memory_utilization must be above 0 and at most 1, got 1.5" in found
+    assert "gpu_model is not set" in found
+    # A variable of the operator's own that resembles nothing ernie-deploy reads is left alone.
+    assert not [f for f in plan_one(**A10, gpu_count=1, hook_pool="web").findings if f.code == "input"]
+
+
+def test_one_error_text_lists_every_problem() -> None:
+    from ernie_deploy.planning.settings import inventory_settings
+
+    with pytest.raises(InventoryError) as err:
+        inventory_settings({"vllm_prot": 1, "vllm_gpu_modle": "x", "vllm_port": "80"}, "h")
+    text = str(err.value)
+    assert text.startswith("h: 3 problems in its variables:")
+    assert "vllm_prot (fix: did you mean vllm_port?)" in text and "vllm_port must be int" in text
+
+
 def test_unmatched_hardware_lists_known_rows(plan_one: Plan) -> None:
     f = finding(plan_one(gpu_model="NVIDIA L4", gpu_count=3), "input")
     assert "no row of the recommendation table matches 3 × NVIDIA L4" in f.message
@@ -123,6 +180,24 @@ def test_guide_combo_2_tp4_2048_gets_true_advice(plan_one: Plan) -> None:
     assert fixed.ok and len(fixed.instances) == 4
     assert "tp-small-model" not in codes(fixed) and "tp-pcie" not in codes(fixed)
     assert "vllm_instances: 4" in (finding(p, "tp-small-model").fix or "")
+
+
+@pytest.mark.parametrize(("count", "instances", "tp"), [(4, 2, 2), (4, 1, 4), (2, 1, 2)])
+def test_layout_advice_is_given_once_per_host_with_numbers_that_agree(
+        plan_one: Plan, count: int, instances: int, tp: int) -> None:
+    p = plan_one(**A10, gpu_count=count, vllm_max_model_len=2048, vllm_instances=instances,
+                 vllm_tensor_parallel_size=tp)
+    advice = [f for f in p.findings if f.severity is Severity.ADVICE]
+    assert advice and len({f.code for f in advice}) == len(advice) and all(f.instance is None for f in advice)
+    for f in advice:
+        m = re.search(r"(\d+) replicas of TP (\d) on the same (\d+) GPUs .*vllm_instances: (\d+), "
+                      r"vllm_tensor_parallel_size: (\d)", f.fix or "")
+        assert m is not None, f.fix
+        replicas, new_tp, gpus, suggested, suggested_tp = map(int, m.groups())
+        assert replicas == suggested and new_tp == suggested_tp and gpus == instances * tp == replicas * new_tp
+        following = plan_one(**A10, gpu_count=count, vllm_max_model_len=2048, vllm_instances=suggested,
+                             vllm_tensor_parallel_size=suggested_tp)
+        assert following.ok and f.code not in codes(following)
 
 
 def test_guide_combo_3_tp3_fails_like_vllm(plan_one: Plan) -> None:

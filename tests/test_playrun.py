@@ -5,11 +5,13 @@ converge goes back to what really ran before, not to the files converge just sta
 from __future__ import annotations
 
 import getpass
+import json
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 import yaml
 from fakehost import FakeHost, connector
 
@@ -136,3 +138,84 @@ def test_the_command_task_audits_who_ran_it_like_every_change(tmp_path: Path) ->
     assert cmd.intent.audit["user"] == getpass.getuser()
     assert cmd.intent.audit["controller"] == socket.gethostname()
     assert cmd.intent.audit["command"] == "ernie-deploy run (clean)" and cmd.intent.audit["run"] == "rm -rf /tmp/x"
+
+
+def test_check_mode_on_fresh_hosts_says_what_verify_would_check(tmp_path: Path) -> None:
+    """Check mode starts nothing, so verify must not judge services it never started: it names, per instance,
+    the checks it would run, and the run passes (issue 23, item 8)."""
+    fakes = {"a": FakeHost(), "b": FakeHost()}
+    inv = tmp_path / "inv.yml"
+    inv.write_text(yaml.safe_dump({"all": {"vars": {"gpu_model": "NVIDIA A10", "gpu_count": 2,
+                                                     "ansible_host": "127.0.0.1", "vllm_host": "127.0.0.1"},
+                                            "hosts": {"a": {}, "b": {}}}}))
+    path = tmp_path / "book.yml"
+    path.write_text(SITE + "    - gpu_check: {}\n")
+    runner = PlaybookRunner(load_inventory(inv), PlanContext.load(), connector(fakes),
+                            RunOptions(base_dir=tmp_path, check=True), _start)
+    records = runner.run(load_playbook(path))
+    assert [h.log for h in fakes.values()] == [[], []]  # nothing started
+    verify, gpu = records[2], records[3]
+    assert {r.status for rec in records for r in rec.results} == {Status.CHANGED, Status.OK}
+    for rec in (verify, gpu):
+        assert {r.status for r in rec.results} == {Status.OK}
+        assert [r.host for r in rec.results] == ["a", "b"]
+        r = rec.results[0]
+        assert r.checks == [] and "would run" in r.message
+        assert [s.status.value for s in r.steps if s.name == "checks"] == ["would check"]
+    lines = "\n".join(verify.results[0].evidence)
+    assert "ernie-vllm-0" in lines and "/health" in lines and "/v1/models" in lines
+    assert "systemd" in lines and "start-up log" in lines and "GPU" in lines
+    gpu_lines = "\n".join(gpu.results[0].evidence)
+    assert "GPU" in gpu_lines and "/health" not in gpu_lines
+
+
+def test_hooks_under_run_get_the_documented_command_names(tmp_path: Path) -> None:
+    """ERNIE_COMMAND is `deploy` for a rolling task, `restart` with `always: true` (docs/hooks.md) and `run` for a
+    playbook's hook task; the audit log keeps the playbook's label (issue 23, item 13)."""
+    seen = tmp_path / "seen.txt"
+    hook = f"echo \"$ERNIE_HOOK $ERNIE_COMMAND\" >> {seen}"
+    fakes = {"a": FakeHost()}
+    run(tmp_path, fakes, f"""
+- hosts: all
+  tasks:
+    - converge: {{}}
+    - rolling: {{{QUICK}, post_ready: '{hook}'}}
+    - restart: {{{QUICK}, always: true, pre_drain: '{hook}'}}
+    - hook: {{run: '{hook}'}}
+""")
+    assert seen.read_text().splitlines() == ["post-ready deploy", "pre-drain restart", "hook run"]
+
+
+def test_run_prints_a_line_per_host_and_task_and_details_with_v(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """The Output rule (issue 23): by default a line per host and task, the changes and problems; passing
+    checks, steps and timings with -v; --json unchanged."""
+    import ernie_deploy.cli.run as cli_run
+    from ernie_deploy.cli.main import main
+    fakes = {"a": FakeHost(), "b": FakeHost()}
+    monkeypatch.setattr(cli_run, "connector", lambda args: connector(fakes))
+    inv = tmp_path / "inv.yml"
+    inv.write_text(yaml.safe_dump({"all": {"vars": {"gpu_model": "NVIDIA A10", "gpu_count": 2,
+                                                     "ansible_host": "127.0.0.1", "vllm_host": "127.0.0.1",
+                                                     "vllm_stable_seconds": 0, "vllm_gpu_memory_utilization": 0.99},
+                                            "hosts": {"a": {}, "b": {}}}}))
+    book = tmp_path / "site.yml"
+    book.write_text(SITE.replace("verify: {}", f"verify: {{}}\n    - rolling: {{{QUICK}, always: true}}"))
+
+    def text(*extra: str) -> list[str]:
+        capsys.readouterr()
+        assert main(["run", str(book), "-i", str(inv), *extra]) == 0
+        return capsys.readouterr().out.splitlines()
+
+    quiet = text()
+    assert sum(line.startswith(("ok: ", "changed: ")) for line in quiet) == 8  # 4 tasks x 2 hosts
+    assert not any("✓" in line or "step " in line or "per-instance timings" in line for line in quiet)
+    assert any(line.startswith("    restart: ernie-vllm-0.service") for line in quiet)  # a change is news
+    detailed = text("-v")
+    assert len(detailed) > 2 * len(quiet)
+    assert any("✓" in line for line in detailed) and any("per-instance timings" in line for line in detailed)
+    assert any(line.startswith("    step ") for line in detailed)
+    capsys.readouterr()
+    assert main(["run", str(book), "-i", str(inv), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["schema"] == "ernie-deploy/run/v1" and doc["tasks"][2]["hosts"][0]["checks"]

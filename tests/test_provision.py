@@ -408,3 +408,55 @@ def test_a_hub_download_is_switched_in_and_its_token_goes_to_stdin_only(tmp_path
                                      "vllm_model_config": str(tmp_path / "model")})
     assert run.result.status is Status.FAILED and "hf_Sekr1t" not in run.result.message
     assert "[REDACTED]" in run.result.message and "SWITCH" not in fake.ops
+
+
+def test_a_full_disk_is_named_before_the_vllm_install(tmp_path: Path) -> None:
+    """The venv's disk is checked before anything is copied or installed, naming the mount point, the space
+    needed (4 times the wheelhouse) and the space free (issue 23, item 9)."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "vllm-0.34.0-py3-none-any.whl").write_bytes(b"w" * (100 * 1024 * 1024))
+    links = {"vllm_pip_find_links": str(wheels)}
+    run, fake = provision(tmp_path, host_vars=links, **{"venv-disk": "204800 /opt", "wheels-mount": "/var"})
+    assert run.result.status is Status.FAILED
+    message = run.result.message
+    assert "/opt" in message and "400.0 MiB" in message and "200.0 MiB free" in message, message
+    assert "free space on /opt" in (run.result.hint or "")
+    assert "INSTALL_VLLM" not in fake.ops and "RECEIVE" not in fake.ops
+    # The wheelhouse copy counts too when it lands on the same disk; with room enough, the install goes ahead.
+    run, fake = provision(tmp_path, host_vars=links, **{"venv-disk": str(600 * 1024) + " /", "wheels-mount": "/"})
+    assert run.result.status is Status.FAILED and "500.0 MiB" in run.result.message
+    run, fake = provision(tmp_path, host_vars=links, **{"venv-disk": str(900 * 1024) + " /", "wheels-mount": "/"})
+    assert "INSTALL_VLLM" in fake.ops, run.result.message
+    # From an index, with nothing to measure: the documented estimate.
+    run, fake = provision(tmp_path, **{"venv-disk": str(4 * 1024 * 1024) + " /srv/big disk"})
+    assert "10.0 GiB" in run.result.message and "/srv/big disk" in run.result.message
+    assert "INSTALL_VLLM" not in fake.ops
+
+
+class FullDiskHost(ScriptedHost):
+    def run(self, cmd: Any) -> RunResult:
+        if cmd.op is Op.INSTALL_VLLM:
+            self.ops.append(cmd.op.name)
+            return RunResult(cmd.label, 1, b"", b"Error: Command '['/opt/vllm/0.34.0/bin/python3', '-m', 'ensurepip', "
+                                                b"'--upgrade', '--default-pip']' returned non-zero exit status 1.\n"
+                                                b"OSError: [Errno 28] No space left on device\n")
+        return super().run(cmd)
+
+
+def test_no_space_left_during_the_install_is_named_as_a_full_disk(tmp_path: Path) -> None:
+    text = "".join(f"\n@@ernie-deploy:{k}\n{v}\n" for k, v in
+                   {**GOOD, "venv-disk": str(50 * 1024 * 1024) + " /opt"}.items()) + "@@ernie-deploy:end\n"
+    fake = FullDiskHost(text)
+    host = Host("gpu-1", {"gpu_model": "NVIDIA A10", "gpu_count": 1})
+    (run,) = Provisioner(CTX, ProvisionOptions(base_dir=tmp_path), Fleet(lambda t: fake, FleetOptions())).run([host])
+    assert run.result.status is Status.FAILED and "INSTALL_VLLM" in fake.ops
+    assert "ran out of disk space" in run.result.message and "/opt" in run.result.message
+    assert "wheelhouse" not in (run.result.hint or "") and "free space on /opt" in (run.result.hint or "")
+
+
+def test_a_cpu_build_from_an_index_needs_less_room(tmp_path: Path) -> None:
+    run, fake = provision(tmp_path, host_vars={"vllm_version": "0.32.0+cpu"},
+                          **{"venv-disk": str(3 * 1024 * 1024) + " /"})
+    assert "4.0 GiB" in run.result.message and "a CPU build" in run.result.message, run.result.message
+    assert "INSTALL_VLLM" not in fake.ops

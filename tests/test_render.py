@@ -15,7 +15,7 @@ import yaml
 from conftest import ROOT
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from systemd_words import unsystemd
+from systemd_words import unsystemd, unsystemd_environment
 
 from ernie_deploy.errors import RenderError
 from ernie_deploy.inventory.inventory import load_inventory
@@ -111,7 +111,8 @@ def test_every_rendered_unit_passes_systemd_analyze_verify(tmp_path: Path, plan_
     vllm.chmod(0o755)
     plans = [*example_plans(),
              plan_one(**A10, vllm_extra_args=["--enforce-eager", "--generation-config", "a b%c$d\"e'f\\g"]),
-             plan_one(gpu_model="A10", gpu_count=4, vllm_instances=2, vllm_tensor_parallel_size=2)]
+             plan_one(gpu_model="A10", gpu_count=4, vllm_instances=2, vllm_tensor_parallel_size=2),
+             plan_one(**A10, vllm_env=HOSTILE_ENV, vllm_served_model_name="m%h")]
     units = []
     for plan in plans:
         for f in render_host(plan, ENV):
@@ -192,6 +193,44 @@ def test_specifiers_and_dollars_are_escaped(plan_one: Plan) -> None:
     (unit, _) = render_host(plan_one(**A10, vllm_served_model_name="m%h$HOME", vllm_env={"A": "x y"}), ENV)
     assert "--served-model-name m%%h$$HOME" in unit.content
     assert 'Environment="A=x y"' in unit.content
+
+
+# Values an operator may well put in vllm_env, each a way an escape can go wrong (issue 23, item 5).
+HOSTILE_ENV = {
+    "SINGLE": "it's", "DOUBLE": 'say "hi"', "DOLLAR": "$HOME ${HOME} $$", "SUBST": "$(id)`id`",
+    "PERCENT": "100%h %% %i", "BACKSLASH": "a\\b\\\\c\\n\\$x", "SPACES": "  two  spaces  ", "HASH": "#not a comment",
+    "MIXED": "'\"$%\\ #;",
+}
+
+
+def test_env_values_arrive_byte_for_byte(plan_one: Plan) -> None:
+    (unit, _) = render_host(plan_one(**A10, vllm_env=HOSTILE_ENV), ENV)
+    seen: dict[str, str] = {}
+    for line in unit.content.splitlines():
+        if line.startswith("Environment="):
+            seen.update(unsystemd_environment(line.removeprefix("Environment=")))
+    assert {k: seen[k] for k in HOSTILE_ENV} == HOSTILE_ENV
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(min_size=0, max_size=30))
+def test_any_env_value_survives_environment_parsing_or_is_rejected(value: str) -> None:
+    from ernie_deploy.planning.render import environment_word
+
+    try:
+        word = environment_word(f"K={value}", "x", "h")
+    except RenderError:
+        assert re.search(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]", value)
+        return
+    assert unsystemd_environment(word) == {"K": value}
+
+
+def test_specifiers_in_names_arrive_literally(plan_one: Plan) -> None:
+    (unit, _) = render_host(plan_one(**A10, vllm_served_model_name="m%h-%i"), ENV)
+    assert "Description=vLLM serving m%%h-%%i on port 8000 (ernie-deploy ernie-vllm-0)" in unit.content
+    for line in unit.content.splitlines():
+        if not line.startswith("#"):
+            assert not re.search(r"%[^%]", line.replace("%%", "")), f"specifier left in {line!r}"
 
 
 def test_render_files_have_modes_on_disk(tmp_path: Path) -> None:

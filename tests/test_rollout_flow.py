@@ -160,15 +160,24 @@ def test_idle_timeout_is_a_warning_and_the_stop_goes_on(tmp_path: Path) -> None:
     assert warn.status == "warn" and "5 request(s) still in flight" in warn.summary
 
 
-def test_orphan_on_the_gpu_fails_naming_its_pid_and_starts_nothing(tmp_path: Path) -> None:
-    fakes = {"a": FakeHost()}
-    deploy(fakes, hosts_of(tmp_path, {"a": {}}))
+def test_orphan_on_the_gpu_is_refused_before_anything_stops_naming_pid_gpu_and_fix(tmp_path: Path) -> None:
+    fakes = {"a": FakeHost(), "b": FakeHost()}
+    deploy(fakes, hosts_of(tmp_path, {"a": {}, "b": {}}))
     fakes["a"].orphan = 4242
-    fakes["a"].log.clear()
-    _, (r,) = restart(fakes, hosts_of(tmp_path, {"a": {}}))
-    assert r.status is Status.FAILED
-    assert "PID 4242 (VLLM::EngineCore)" in r.message and r.hint and "kill 4242" in r.hint
-    assert fakes["a"].log == ["stop ernie-vllm-0.service"]
+    for fake in fakes.values():
+        fake.log.clear()
+    _, (r, other) = restart(fakes, hosts_of(tmp_path, {"a": {}, "b": {}}))
+    assert r.status is Status.FAILED and "refused before stopping anything" in r.message, r.message
+    assert "PID 4242 (VLLM::EngineCore) holds 20000 MiB on its GPU 0" in r.message
+    assert r.hint and "kill 4242" in r.hint and "keep serving" in r.hint
+    assert fakes["a"].log == [] and "ernie-vllm-0.service" in fakes["a"].active  # never stopped: still serving
+    # The rollout does not start on top of it (nothing was stopped anywhere).
+    assert other.status is Status.SKIPPED and fakes["b"].log == []
+    # A plain deploy of a change refuses that host the same way, and still changes the other.
+    longer = {"vllm_max_model_len": 2048}
+    (r, other) = deploy(fakes, hosts_of(tmp_path, {"a": longer, "b": longer}))
+    assert r.status is Status.FAILED and "PID 4242" in r.message and fakes["a"].log == []
+    assert other.status is Status.CHANGED, other.message
 
 
 def test_hooks_get_their_context_and_a_failing_pre_drain_stops_before_any_stop(tmp_path: Path) -> None:
@@ -411,7 +420,7 @@ def test_ctrl_c_during_the_gpu_wait_still_brings_the_instance_back(tmp_path: Pat
         readings = -1  # not armed during the first deploy
 
         def gpu_release(self, release: GpuRelease) -> str:
-            if self.readings < 0:
+            if self.readings < 0 or set(release.units) <= set(self.active):  # the pre-flight's read: serving
                 return super().gpu_release(release)
             self.readings += 1
             if self.readings == 1:
@@ -431,3 +440,285 @@ def test_ctrl_c_during_the_gpu_wait_still_brings_the_instance_back(tmp_path: Pat
     assert runner.stopped_by is not None
     assert fakes["a"].log == ["stop ernie-vllm-0.service", "start ernie-vllm-0.service"]
     assert r.status is Status.FAILED and "not verified" in r.message and "interrupted" in r.message
+
+
+def test_a_release_that_failed_is_marked_and_a_rollback_onto_it_wants_force(tmp_path: Path) -> None:
+    from ernie_deploy.orchestration.fleet import Fleet, FleetOptions
+    from ernie_deploy.orchestration.hosts import list_releases
+
+    fakes = {"a": FakeHost()}
+    deploy(fakes, hosts_of(tmp_path, {"a": {}}))
+    fakes["a"].fail_start = "--max-model-len 2048"
+    (r,) = deploy(fakes, hosts_of(tmp_path, {"a": {"vllm_max_model_len": 2048}}))
+    assert r.status is Status.FAILED and r.change is not None and r.change.release
+    bad = r.change.release
+    ((_, kept, now),) = list_releases(Fleet(connector(fakes), FleetOptions()), PlanContext.load(),
+                                      hosts_of(tmp_path, {"a": {}}))
+    marked = {x.id: x.failed for x in kept}
+    assert marked[now or ""] is None  # what runs again did not fail
+    failed = marked[bad]
+    assert failed is not None and failed.units == ("ernie-vllm-0.service",) and "CUDA out of memory" in failed.reason
+    fakes["a"].fail_start = None
+    fakes["a"].log.clear()
+    _, (r,) = restart(fakes, hosts_of(tmp_path, {"a": {}}), mode="rollback", to=bad)
+    assert r.status is Status.FAILED and bad in r.message and "CUDA out of memory" in r.message, r.message
+    assert failed.time in r.message and r.hint and "--force" in r.hint and fakes["a"].log == []
+    _, (r,) = restart(fakes, hosts_of(tmp_path, {"a": {}}), mode="rollback", to=bad,
+                      rollout=RolloutOptions(serial=[1], preflight=True, resume_key="k", force=True))
+    assert r.status is Status.CHANGED and "rolled back to release" in r.message, r.message
+    assert any("--force" in e and bad in e for e in r.evidence)
+
+
+def test_rollback_check_shows_each_files_diff_and_changes_nothing(tmp_path: Path) -> None:
+    fakes = {"a": FakeHost()}
+    deploy(fakes, hosts_of(tmp_path, {"a": {}}))
+    deploy(fakes, hosts_of(tmp_path, {"a": {"vllm_max_model_len": 2048}}))
+    now = dict(fakes["a"].files)
+    fakes["a"].log.clear()
+    opts = RestartOptions(mode="rollback", check=True, cycle=cycle(command="rollback"),
+                          rollout=RolloutOptions(serial=[1], preflight=True))
+    (r,) = Restarter(PlanContext.load(), connector(fakes), opts).run(hosts_of(tmp_path, {"a": {}}))
+    assert r.status is Status.CHANGED and "would restore release" in r.message, r.message
+    assert r.change is not None and len(r.change.diffs) == 1, r.change.diffs
+    (diff,) = r.change.diffs
+    assert "-" in diff and "--max-model-len 2048" in diff and "4096" in diff and "(release " in diff
+    assert fakes["a"].files == now and fakes["a"].log == []
+
+
+def test_the_failed_mark_is_written_beside_the_release_and_listed(tmp_path: Path) -> None:
+    """The shell the host runs: Undo writes failed.json into the failed release's directory, ListReleases
+    prints it after that release's record (run with the state paths moved into tmp_path)."""
+    import subprocess
+
+    from ernie_deploy.remote import releases
+
+    state, log = tmp_path / "state", tmp_path / "log/audit.log"
+    rid = "20260101T000000.000Z-abcdef12"
+    (state / "releases" / rid).mkdir(parents=True)
+    (state / "releases" / rid / "release.json").write_text(json.dumps({"id": rid, "files": {}, "changed": []}))
+    (state / "releases/20250101T000000.000Z-00000000").mkdir()
+    (state / "releases/20250101T000000.000Z-00000000/release.json").write_text('{"id": "20250101T000000.000Z-0000')
+    (state / "releases/20250101T000000.000Z-00000000/failed.json").write_text('{"time": "x", "reason": "y"}')
+
+    def run(script: str) -> str:
+        script = script.replace("/var/lib/ernie-deploy", str(state)).replace("/var/log/ernie-deploy/audit.log",
+                                                                                str(log))
+        shims = tmp_path / "bin"
+        shims.mkdir(exist_ok=True)
+        (shims / "systemctl").write_text("#!/bin/sh\n")
+        (shims / "systemctl").chmod(0o755)
+        done = subprocess.run(["sh", "-c", script], capture_output=True, text=True,
+                              env={"PATH": f"{shims}:/usr/bin:/bin"})
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    failed = releases.Failed("2026-01-01T00:05:00Z", "ernie-vllm-0.service: CUDA out of memory 'x' $HOME",
+                             ("ernie-vllm-0.service",))
+    run(releases.Undo({}, (), (), {"action": "rollback"}, (rid, failed)).render())
+    run(releases.Undo({}, (), (), {"action": "rollback"}, ("20990101T000000.000Z-gone0000", failed)).render())
+    kept = releases.parse_list(run(releases.ListReleases().render()))
+    assert [(r.id, r.failed) for r in kept] == [(rid, failed)]  # the unreadable record's mark attaches to nothing
+    assert kept.skipped == ("20250101T000000.000Z-00000000",)
+
+
+def test_releases_prints_what_each_changed_and_which_failed(capsys: pytest.CaptureFixture[str]) -> None:
+    from ernie_deploy.output.remote import show_releases
+    from ernie_deploy.remote.releases import Failed, Release
+
+    unit = "/etc/systemd/system/ernie-vllm-0.service"
+    good = Release("20260101T000000.000Z-aaaaaaaa", "2026-01-01T00:00:00Z", "ops", "ernie-deploy deploy", {}, (unit,))
+    bad = Release("20260102T000000.000Z-bbbbbbbb", "2026-01-02T00:00:00Z", "ops", "ernie-deploy deploy", {}, (unit,),
+                  Failed("2026-01-02T00:01:00Z", "ernie-vllm-0.service: CUDA out of memory", ("ernie-vllm-0.service",)))
+    listed = [(HostResult("a"), [good, bad], good.id)]
+    show_releases(listed, json=False)
+    out = capsys.readouterr().out
+    assert f"{good.id}  2026-01-01T00:00:00Z  ops  ernie-deploy deploy  changed: ernie-vllm-0.service  (current)" in out
+    assert ("FAILED: failed at 2026-01-02T00:01:00Z on ernie-vllm-0.service and was rolled back: ernie-vllm-0.service: "
+            f"CUDA out of memory (rollback --to {bad.id} asks for --force)") in " ".join(out.split())
+    show_releases(listed, json=True)
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["schema"] == "ernie-deploy/releases/v2"
+    first, second = doc["hosts"]["a"]["releases"]
+    assert first["failed"] is None and first["changed"] == [unit]
+    assert second["failed"] == {"time": "2026-01-02T00:01:00Z", "reason": "ernie-vllm-0.service: CUDA out of memory",
+                                "units": ["ernie-vllm-0.service"]}
+
+
+def cli_rollout(tmp_path: Path, command: str, *args: str) -> RolloutOptions:
+    """The rollout options the command line builds (what a plain `deploy` / `restart` gets by default)."""
+    from ernie_deploy.cli import rollout as cli_options
+    from ernie_deploy.cli.main import build_parser
+
+    parsed = build_parser().parse_args([command, "-i", str(tmp_path / "inv.yml"), *args])
+    return cli_options.rollout_options(parsed, command, preflight=parsed.serial is not None)
+
+
+def test_plain_deploy_of_a_change_rolls_one_host_at_a_time_and_check_mode_says_so(tmp_path: Path) -> None:
+    fakes = {h: FakeHost() for h in "abc"}
+    hosts = hosts_of(tmp_path, {h: {} for h in "abc"})
+    first = Runner(PlanContext.load(), connector(fakes), Options(**FAST, cycle=cycle(),  # type: ignore[arg-type]
+                                                                 rollout=cli_rollout(tmp_path, "deploy")))
+    first.run(hosts)
+    assert first.report.batches == [["a", "b", "c"]]  # nothing ran yet: nothing to lose, all at once
+    changed = hosts_of(tmp_path, {"a": {"vllm_max_model_len": 2048}, "b": {"vllm_max_model_len": 2048}, "c": {}})
+    checked = Runner(PlanContext.load(), connector(fakes), Options(  # type: ignore[arg-type]
+        **FAST, check=True, cycle=cycle(), rollout=cli_rollout(tmp_path, "deploy", "--check")))
+    checked.run(changed)
+    # c has nothing to change (nothing it serves is stopped): it goes with the first batch.
+    assert checked.report.batches == [["c"], ["a"], ["b"]]
+    assert "one host at a time" in checked.report.how and "--serial all" in checked.report.how
+    runner = Runner(PlanContext.load(), connector(fakes), Options(**FAST, cycle=cycle(),  # type: ignore[arg-type]
+                                                                  rollout=cli_rollout(tmp_path, "deploy")))
+    results = runner.run(changed)
+    assert [r.status for r in results] == [Status.CHANGED, Status.CHANGED, Status.OK], [r.message for r in results]
+    assert runner.report.batches == [["c"], ["a"], ["b"]] and runner.report.done == [0, 1, 2]
+    assert [r.change.batch for r in results] == [2, 3, 1]
+
+
+def test_every_host_at_once_must_be_asked_for_by_name(tmp_path: Path) -> None:
+    fakes = {h: FakeHost() for h in "ab"}
+    deploy(fakes, hosts_of(tmp_path, {h: {} for h in "ab"}))
+    changed = hosts_of(tmp_path, {h: {"vllm_max_model_len": 2048} for h in "ab"})
+    runner = Runner(PlanContext.load(), connector(fakes), Options(  # type: ignore[arg-type]
+        **FAST, cycle=cycle(), rollout=cli_rollout(tmp_path, "deploy", "--serial", "all")))
+    runner.run(changed)
+    assert runner.report.batches == [["a", "b"]] and "every host at once" in runner.report.how
+    for command in ("deploy", "restart"):
+        with pytest.raises(DeployError) as err:
+            cli_rollout(tmp_path, command, "--serial", "0")
+        assert err.value.hint and "--serial all" in err.value.hint
+    restarter = Restarter(PlanContext.load(), connector(fakes), RestartOptions(
+        cycle=cycle(command="restart", health_timeout=5.0, stable=0.0), rollout=cli_rollout(tmp_path, "restart")))
+    restarter.run(changed)
+    assert restarter.report.batches == [["a"], ["b"]]
+
+
+def test_the_inventory_sets_the_serial_once_for_the_rollout(tmp_path: Path) -> None:
+    fakes = {h: FakeHost() for h in "abc"}
+    deploy(fakes, hosts_of(tmp_path, {h: {} for h in "abc"}))
+    hosts = hosts_of(tmp_path, {h: {"vllm_max_model_len": 2048, "vllm_serial": 2} for h in "abc"})
+    runner = Runner(PlanContext.load(), connector(fakes), Options(**FAST, cycle=cycle(),  # type: ignore[arg-type]
+                                                                  rollout=cli_rollout(tmp_path, "deploy")))
+    runner.run(hosts)
+    assert runner.report.batches == [["a", "b"], ["c"]]
+    hosts = hosts_of(tmp_path, {"a": {"vllm_serial": 2}, "b": {"vllm_serial": 1}})
+    with pytest.raises(DeployError) as err:
+        Runner(PlanContext.load(), connector(fakes), Options(rollout=cli_rollout(tmp_path, "deploy"))).run(hosts)
+    assert "vllm_serial differs" in err.value.message and "a: 2" in err.value.message and err.value.hint
+
+
+HOOKS = "printf '%s %s %s\\n' \"$ERNIE_HOOK\" \"$ERNIE_HOST\" \"$ERNIE_UNIT\" >> {log}"
+
+
+def test_an_automatic_rollback_puts_the_instance_back_into_the_load_balancer(tmp_path: Path) -> None:
+    fakes = {"a": FakeHost()}
+    deploy(fakes, hosts_of(tmp_path, {"a": {}}))
+    fakes["a"].fail_start = "--max-model-len 2048"
+    log = tmp_path / "hooks.log"
+    hook = HOOKS.format(log=log)
+    (r,) = deploy(fakes, hosts_of(tmp_path, {"a": {"vllm_max_model_len": 2048}}), pre_drain=hook, post_ready=hook,
+                  rollout=RolloutOptions(resume_key="k"))
+    assert r.status is Status.FAILED
+    assert log.read_text().splitlines() == ["pre-drain a ernie-vllm-0.service", "post-ready a ernie-vllm-0.service"]
+    (line,) = r.change.rollbacks
+    assert "ready and verified; back in the load balancer (post-ready)" in line, line
+    assert not [c for c in r.checks if c.name == "rotation"] and not list((tmp_path / "rollouts").glob("*"))
+
+
+def test_an_instance_left_out_of_rotation_is_named_kept_and_put_back_by_resume(tmp_path: Path,
+                                                                               state_dir: Path) -> None:
+    fakes = {"a": FakeHost(), "b": FakeHost()}
+    hosts = hosts_of(tmp_path, {"a": {}, "b": {}})
+    deploy(fakes, hosts)
+    log = tmp_path / "hooks.log"
+    # The record is on disk before the pre-drain hook starts: a controller killed with -9 leaves it behind.
+    pre = HOOKS.format(log=log) + f"; cat {state_dir}/*.json > {tmp_path}/at-pre-drain.json"
+    runner, results = restart(fakes, hosts, pre_drain=pre, post_ready=f"{HOOKS.format(log=log)}; exit 3")
+    assert json.loads((tmp_path / "at-pre-drain.json").read_text())["out"] == {"a": ["ernie-vllm-0.service"]}
+    a, b = results
+    assert a.status is Status.FAILED and "post-ready hook exited 3" in a.message
+    assert b.status is Status.SKIPPED  # the rollout stopped after the canary
+    (named,) = [c for c in a.checks if c.name == "rotation"]
+    assert named.status == "fail" and "ernie-vllm-0.service is out of the load balancer" in named.summary
+    assert named.fix and "--resume" in named.fix
+    assert runner.report.rotation.snapshot() == {"a": ["ernie-vllm-0.service"]}
+    log.write_text("")
+    runner, results = restart(fakes, hosts, pre_drain=HOOKS.format(log=log), post_ready=HOOKS.format(log=log),
+                              rollout=RolloutOptions(serial=[1], preflight=True, resume_key="k", resume=True))
+    assert [r.status for r in results] == [Status.CHANGED, Status.CHANGED], [r.message for r in results]
+    assert log.read_text().splitlines() == [
+        "post-ready a ernie-vllm-0.service",  # a serves: put back first, before anything else happens
+        "pre-drain a ernie-vllm-0.service", "post-ready a ernie-vllm-0.service",  # its batch, retried
+        "pre-drain b ernie-vllm-0.service", "post-ready b ernie-vllm-0.service"]
+    assert runner.report.rotation.snapshot() == {} and not list(state_dir.glob("*.json"))
+
+
+def test_gpu_gate_failure_names_the_instance_down_and_out_of_rotation(tmp_path: Path) -> None:
+    from ernie_deploy.remote.rolling import Stop
+
+    class OrphanAfterStop(FakeHost):
+        def stop(self, stop: Stop) -> str:
+            self.orphan = 4242  # a worker that outlives the stop
+            return super().stop(stop)
+
+    fakes: dict[str, FakeHost] = {"a": OrphanAfterStop()}
+    deploy(fakes, hosts_of(tmp_path, {"a": {}}))
+    fakes["a"].orphan = None
+    log = tmp_path / "hooks.log"
+    _, (r,) = restart(fakes, hosts_of(tmp_path, {"a": {}}), pre_drain=HOOKS.format(log=log),
+                      post_ready=HOOKS.format(log=log))
+    assert r.status is Status.FAILED and "not released" in r.message and "stays stopped" in (r.hint or "")
+    assert "ernie-vllm-0.service" not in fakes["a"].active
+    (named,) = [c for c in r.checks if c.name == "rotation"]
+    assert "out of the load balancer" in named.summary
+
+
+def test_resume_takes_over_its_own_stale_lock_and_says_how_to_break_others(tmp_path: Path) -> None:
+    import os
+    import socket
+    import subprocess
+
+    from ernie_deploy.orchestration import resume
+    from ernie_deploy.remote.lock import LockInfo
+
+    fakes = {"a": FakeHost(), "b": FakeHost()}
+    hosts = hosts_of(tmp_path, {"a": {}, "b": {}})
+    deploy(fakes, hosts)
+    # The stopped rollout's controller was killed with -9: its state and locks stay, its process is gone.
+    resume.save(resume.RolloutState("k", "restart", [["a"], ["b"]]))
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    me = LockInfo.mine("ernie-deploy restart")
+    stale = LockInfo("t0", me.user, socket.gethostname(), dead.pid, "ernie-deploy restart", me.since)
+    for fake in fakes.values():
+        fake.lock_info = stale.to_json()
+    resume_opts = RolloutOptions(serial=[1], preflight=True, resume_key="k", resume=True)
+    _, results = restart(fakes, hosts, rollout=resume_opts)
+    assert [r.status for r in results] == [Status.CHANGED, Status.CHANGED], [r.message for r in results]
+    assert all(f.lock_info is None for f in fakes.values())
+    # Another controller's lock is not taken over; the hint breaks every host's lock in one command.
+    resume.save(resume.RolloutState("k", "restart", [["a"], ["b"]]))
+    fakes["a"].lock_info = LockInfo("t1", me.user, "elsewhere", os.getpid(), "ernie-deploy restart",
+                                    me.since).to_json()
+    _, (r, _) = restart(fakes, hosts, rollout=resume_opts)
+    assert r.status is Status.LOCKED and r.hint and "ernie-deploy lock -i INV --break" in r.hint, r.hint
+    assert fakes["a"].lock_info is not None
+
+
+def test_resume_after_kill_9_mid_restart_starts_the_stopped_instance_and_puts_it_back(tmp_path: Path) -> None:
+    from ernie_deploy.orchestration import resume
+
+    fakes = {"a": FakeHost(), "b": FakeHost()}
+    hosts = hosts_of(tmp_path, {"a": {}, "b": {}})
+    deploy(fakes, hosts)
+    # What a controller killed with -9 between a's stop and its start leaves: a down, out of rotation.
+    resume.save(resume.RolloutState("k", "restart", [["a"], ["b"]], out={"a": ["ernie-vllm-0.service"]}))
+    fakes["a"].active.pop("ernie-vllm-0.service")
+    log = tmp_path / "hooks.log"
+    runner, results = restart(fakes, hosts, pre_drain=HOOKS.format(log=log), post_ready=HOOKS.format(log=log),
+                              rollout=RolloutOptions(serial=[1], preflight=True, resume_key="k", resume=True))
+    assert [r.status for r in results] == [Status.CHANGED, Status.CHANGED], [r.message for r in results]
+    assert any("down when resumed" in e for e in results[0].evidence)
+    assert log.read_text().splitlines() == ["post-ready a ernie-vllm-0.service", "pre-drain b ernie-vllm-0.service",
+                                            "post-ready b ernie-vllm-0.service"]
+    assert runner.report.rotation.snapshot() == {} and resume.load("k") is None

@@ -6,6 +6,7 @@ loop has a deadline.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import http.client
 import json
@@ -23,7 +24,8 @@ from typing import Any
 
 import pytest
 
-from ernie_deploy.lab.sim.vllm_args import parse_serve_args
+from ernie_deploy.lab.sim.vllm_args import build_parser, parse_serve_args
+from ernie_deploy.lab.sim.vllm_flags import FLAGS_032, Flag
 from ernie_deploy.lab.sim.vllm_versions import PROFILES, profile_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -179,6 +181,30 @@ def test_load_format_dummy_and_enforce_eager_in_every_profile(version: str) -> N
     args, non_default = parse_serve_args(["/m", "--load-format", "dummy", "--enforce-eager"], profile_for(version))
     assert (args.load_format, args.enforce_eager) == ("dummy", True)
     assert non_default["load_format"] == "dummy" and non_default["enforce_eager"] is True
+
+
+def _flag_argv(flag: Flag, parser: argparse.ArgumentParser) -> list[str]:
+    """The flag given once, with a value the profile's parser takes (its choices can be the profile's own)."""
+    action = parser._option_string_actions[flag.options[0]]
+    if action.nargs == 0:
+        return [flag.options[0]]
+    return [flag.options[0], str(next(iter(action.choices))) if action.choices else "1"]
+
+
+@pytest.mark.parametrize("version", [".".join(map(str, key)) for key in PROFILES])
+def test_every_profile_takes_every_real_flag_but_the_versioned_ones(version: str) -> None:
+    """Issue 23: `plan` passes vllm_extra_args such as --chat-template through, and the simulator of 0.34 refused
+    it. Each real 0.32 flag starts every profile, except those whose presence the version decides."""
+    profile = profile_for(version)
+    parser = build_parser(profile)
+    given = [f for f in FLAGS_032 if f.options and f.options[0] != "--shutdown-timeout"]
+    args, non_default = parse_serve_args(["/m", *(w for f in given for w in _flag_argv(f, parser))], profile)
+    assert args.model == "/m" and len(given) > 300
+    args, non_default = parse_serve_args(["/m", "--chat-template", "/etc/t.jinja"], profile)
+    assert args.chat_template == "/etc/t.jinja" and non_default["chat_template"] == "/etc/t.jinja"
+    if not profile.has_shutdown_timeout:  # the real release refuses it, and so does its simulator
+        with pytest.raises(SystemExit):
+            parse_serve_args(["/m", "--shutdown-timeout", "5"], profile)
 
 
 def test_0_32_flags_are_vllm_s_own() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,7 +32,8 @@ log = logging.getLogger("ernie_deploy")
 def _common(p: argparse.ArgumentParser, limit: bool = True) -> None:
     # Accepted after the command too (`deploy -v`), where operators type it.
     p.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
-                   help="-v: more detail (info findings, remote command counts); -vvv: tracebacks")
+                   help="-v: the detail (passing checks, advice and info findings, steps, timings, remote "
+                        "commands); -vvv: tracebacks")
     p.add_argument("-i", "--inventory", required=True, type=Path, metavar="INV",
                    help="Ansible-style YAML inventory (group_vars/ and host_vars/ beside it are read too)")
     if limit:
@@ -59,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"ernie-deploy {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0,
-                        help="-v shows info findings; -vvv prints tracebacks of errors")
+                        help="-v shows the detail (passing checks, advice and info findings, steps, timings); "
+                             "-vvv prints tracebacks of errors")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     p = sub.add_parser("plan", help="validate and explain the plan of every host (touches no host)",
@@ -177,8 +180,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose >= 3 else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    # paramiko logs a lost or refused connection with its traceback at ERROR; the host's result already names
+    # the failure, its cause and fix, so the traceback is detail for -vvv only.
+    logging.getLogger("paramiko").setLevel(logging.NOTSET if args.verbose >= 3 else logging.CRITICAL)
     try:
         return int(args.func(args))
+    except BrokenPipeError:
+        return _reader_gone()
     except DeployError as exc:
         if args.verbose >= 3:
             log.exception("error")
@@ -187,3 +195,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         console.note("interrupted")
         return ExitCode.INTERRUPTED
+
+
+def _reader_gone() -> int:
+    """The reader of stdout went away (`ernie-deploy plan | head`): stop quietly, as other command-line tools
+    do. Python's "Note on SIGPIPE" (docs.python.org/3/library/signal.html#note-on-sigpipe): point stdout at
+    /dev/null so the flush at exit cannot raise again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is not a real file (under a test's capture): nothing to flush
+        pass
+    return ExitCode.BROKEN_PIPE

@@ -64,5 +64,5 @@ def cmd_provision(args: argparse.Namespace) -> int:
     code = exit_code(results, fleet.signal)
     say_stopped(fleet.signal)
     reports = {r.host.name: r.result.detail_of(ProvisionReport) for r in runs}
-    show_provision(results, reports, code, check=args.check, json=args.json)
+    show_provision(results, reports, code, check=args.check, json=args.json, verbose=args.verbose)
     return code

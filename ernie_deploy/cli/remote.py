@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from ernie_deploy.remote.facts import HostFacts
 from ernie_deploy.cli import rollout
 from ernie_deploy.errors import ExitCode
-from ernie_deploy.output.schemas import RESULTS_SCHEMA
+from ernie_deploy.output.schemas import FACTS_SCHEMA, RELEASES_SCHEMA, RESULTS_SCHEMA, VERIFY_SCHEMA
+from ernie_deploy.remote.command import HOST_TIMEOUT
 from ernie_deploy.remote.hostkeys import HostKeyPolicy
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,10 @@ def ssh_options(p: argparse.ArgumentParser, forks: bool = True) -> None:
     p.add_argument("--known-hosts", action="append", default=[], metavar="FILE",
                    help="extra known_hosts file (besides ~/.ssh/known_hosts and the inventory's ernie_known_hosts)")
     p.add_argument("--connect-timeout", type=float, default=10.0, metavar="S", help="SSH connect timeout")
+    p.add_argument("--host-timeout", type=_positive_seconds, default=HOST_TIMEOUT, metavar="S",
+                   help="a host that answers nothing for S seconds while a command runs (asked every S/4 seconds, "
+                        "as OpenSSH's ServerAliveInterval does) is UNREACHABLE (exit 4), the other hosts go on; "
+                        f"a command may run longer than S as long as the host answers (default {HOST_TIMEOUT:.0f})")
     if forks:
         p.add_argument("-f", "--forks", type=int, default=5, metavar="N", help="hosts worked on in parallel")
 
@@ -61,7 +66,18 @@ def connector(args: argparse.Namespace) -> Connector:
         log.warning("host key policy accept-new: unknown host keys will be recorded")
         say_accept_new(getattr(args, "check", False))
     # Check mode changes nothing, the controller's known_hosts included.
-    return partial(connect, policy=policy, timeout=args.connect_timeout, record=not getattr(args, "check", False))
+    return partial(connect, policy=policy, timeout=args.connect_timeout, record=not getattr(args, "check", False),
+                   host_timeout=args.host_timeout)
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0 (e.g. 60)")
+    return value
 
 
 def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
@@ -70,9 +86,11 @@ def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
                                    "daemon-reload once, and restart only the instances whose unit or env "
                                    "changed, one at a time per host (drain, stop, wait for its GPUs, start, "
                                    "verify). A failed instance gets the release that ran before it back "
-                                   "(--no-rollback keeps it failed). --serial rolls the change out batch by "
-                                   "batch like `restart`. Exit codes: 0 ok, 2 a host failed, 4 a host "
-                                   "unreachable, 6 a host's deploy lock is held, 5 bad input.")
+                                   "(--no-rollback keeps it failed). A change to serving instances rolls one "
+                                   "host at a time (the inventory's vllm_serial, or --serial; --serial all for "
+                                   "every host at once); hosts with nothing running go first, together. Exit "
+                                   "codes: 0 ok, 2 a host failed, 4 a host unreachable, 6 a host's deploy lock is "
+                                   "held, 5 bad input.")
     common(p)
     ssh_options(p)
     p.add_argument("-C", "--check", action="store_true", help="change nothing; report what would change")
@@ -89,7 +107,7 @@ def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
                         "after each restart, e.g. playbooks/verify.yml")
     p.add_argument("--templates", type=Path, metavar="DIR",
                    help="your own vllm.service.j2 / vllm.env.j2 instead of the bundled ones (as for render)")
-    rollout.add_options(p, default_serial=None)
+    rollout.add_options(p)
     p.set_defaults(func=cmd_deploy)
 
     p = sub.add_parser("restart", help="restart running instances batch by batch without losing capacity",
@@ -103,27 +121,31 @@ def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
     common(p)
     ssh_options(p)
     _day2_options(p)
-    rollout.add_options(p, default_serial="1", rollback=False, instance=True)
+    rollout.add_options(p, rollback=False, instance=True)
     p.set_defaults(func=cmd_restart)
 
     p = sub.add_parser("rollback", help="restore an earlier release kept on the hosts, restart and verify",
                        description="Put back the release before the current one (or --to ID, see `releases`), "
                                    "then restart its instances batch by batch like `restart` and verify them "
                                    "against the restored unit files. An instance that fails goes back to what "
-                                   "ran before the rollback.")
+                                   "ran before the rollback, and the release gets marked failed on the host. "
+                                   "A release marked failed is refused (naming when and why it failed) unless "
+                                   "--force. --check shows the batches and each file's diff (env files "
+                                   "redacted).")
     common(p)
     ssh_options(p)
     _day2_options(p)
     p.add_argument("--to", metavar="RELEASE", help="the release id to restore (default: the one before the current)")
-    rollout.add_options(p, default_serial="1", instance=True)
+    rollout.add_options(p, instance=True)
     p.set_defaults(func=cmd_rollback)
 
     p = sub.add_parser("releases", help="list the releases kept on each host (to choose one for rollback)",
                        description="Read-only: each host's kept releases, oldest first, with time, who made them, "
-                                   "what changed, and which one is installed now (current).")
+                                   "what changed, which one is installed now (current), and which failed to "
+                                   "start and were rolled back (when and why; rollback --to asks for --force).")
     common(p)
     ssh_options(p)
-    p.add_argument("--json", action="store_true", help="machine-readable output (schema ernie-deploy/releases/v1)")
+    p.add_argument("--json", action="store_true", help=f"machine-readable output (schema {RELEASES_SCHEMA})")
     p.set_defaults(func=cmd_releases)
 
     p = sub.add_parser("verify", help="check running services: readiness, smoke test, log keywords, GPU balance",
@@ -133,7 +155,7 @@ def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
                                    "Exit codes: 0 all checks pass, 2 a check failed, 4 a host unreachable.")
     common(p)
     ssh_options(p)
-    p.add_argument("--json", action="store_true", help=f"machine-readable results (schema {RESULTS_SCHEMA})")
+    p.add_argument("--json", action="store_true", help=f"machine-readable results (schema {VERIFY_SCHEMA})")
     p.add_argument("--junit", type=Path, metavar="FILE", help="also write JUnit XML for CI pipelines")
     p.add_argument("--playbook", type=Path, metavar="FILE",
                    help="a playbook whose verify tasks add checks: expect/forbid log patterns, a streamed smoke "
@@ -141,10 +163,13 @@ def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("facts", help="what each host really has: GPUs, NVLink, systemd, units, model, vLLM",
-                       description="Gather facts in one SSH round trip per host, read-only.")
+                       description="Gather facts in one SSH round trip per host, read-only: GPUs, NVLink, "
+                                   "systemd, the managed units, the model's config.json, the vLLM installed at "
+                                   "the default path and, per running instance, the vLLM its process runs (they "
+                                   "differ after a rollback to a release of another version).")
     common(p)
     ssh_options(p)
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--json", action="store_true", help=f"machine-readable output (schema {FACTS_SCHEMA})")
     p.set_defaults(func=cmd_facts)
 
     p = sub.add_parser("lock", help="show or break the deploy lock on hosts",

@@ -13,15 +13,16 @@ if TYPE_CHECKING:
     from ernie_deploy.orchestration.rollout import Report, RolloutOptions
 
 
-def add_options(p: argparse.ArgumentParser, *, default_serial: str | None, rollback: bool = True,
-                instance: bool = False) -> None:
+def add_options(p: argparse.ArgumentParser, *, rollback: bool = True, instance: bool = False) -> None:
     from ernie_deploy.playbook.actions import ACTIONS
     knobs = ACTIONS["rolling"].args  # the playbook's rolling tasks take the same knobs, with the same defaults
     g = p.add_argument_group("rollout", "batches, drain and the readiness gate (docs/rolling.md, docs/hooks.md)")
-    g.add_argument("--serial", metavar="S", default=default_serial,
+    g.add_argument("--serial", metavar="S",
                    help="hosts per batch, like Ansible's serial: a count, N%%, or a list such as 1,2,50%% (the "
-                        "last repeats; 0 means the rest)" + (f"; default {default_serial}" if default_serial else
-                                                              "; default: every host in one batch"))
+                        "last repeats; 0 in a list means the rest); 'all' takes every host down at once and must "
+                        "be asked for by name. Default: rolling: hosts whose instances serve go the inventory's "
+                        "vllm_serial at a time (1 unless set), after the hosts with nothing running, together "
+                        "(--check names the batches)")
     g.add_argument("--canary", type=int, default=0, metavar="N",
                    help="the first N hosts form a batch of their own; the first batch must pass every check "
                         "before the rest start")
@@ -30,7 +31,10 @@ def add_options(p: argparse.ArgumentParser, *, default_serial: str | None, rollb
     g.add_argument("--pre-drain", metavar="CMD",
                    help="run on the controller before an instance is stopped (take it out of the load balancer); "
                         "ERNIE_* variables say which; non-zero exit stops the rollout")
-    g.add_argument("--post-ready", metavar="CMD", help="run after an instance passed the readiness gate (put it back)")
+    g.add_argument("--post-ready", metavar="CMD",
+                   help="run after an instance passed the readiness gate (put it back); also for every instance "
+                        "whose pre-drain ran and that ends serving (the rollout stopped, Ctrl-C, a verified "
+                        "rollback). One left out is named, and the next run (--resume) puts it back")
     g.add_argument("--hook-timeout", type=float, default=knobs["hook_timeout"].default, metavar="S",
                    help="longest a hook may run")
     g.add_argument("--idle-timeout", type=float, default=knobs["idle_timeout"].default, metavar="S",
@@ -43,7 +47,9 @@ def add_options(p: argparse.ArgumentParser, *, default_serial: str | None, rollb
     g.add_argument("--force", action="store_true",
                    help="start the rollout although instances in scope are already down")
     g.add_argument("--resume", action="store_true",
-                   help="continue a stopped rollout (same inventory, --limit, --instance) with its next batch")
+                   help="continue a stopped rollout (same inventory, --limit, --instance) with its next batch: "
+                        "first post-ready for instances it left out of the load balancer, and its own stale "
+                        "deploy locks (this user and controller, process gone) are taken over")
     if rollback:
         g.add_argument("--no-rollback", action="store_true",
                        help="keep a failed instance as it failed (for debugging) instead of restoring what ran before")
@@ -63,8 +69,8 @@ def cycle_options(args: argparse.Namespace, command: str) -> CycleOptions:
 
 def rollout_options(args: argparse.Namespace, command: str, *, preflight: bool) -> RolloutOptions:
     from ernie_deploy.orchestration import resume
-    from ernie_deploy.orchestration.rollout import RolloutOptions
-    from ernie_deploy.planning.batches import parse_percentage, parse_serial
+    from ernie_deploy.orchestration.rollout import RolloutOptions, serial_of
+    from ernie_deploy.planning.batches import parse_percentage
     if args.canary < 0:
         raise DeployError(f"--canary must be 0 or more, got {args.canary}", hint="--canary 1 makes the first host "
                                                                                   "a batch of its own")
@@ -74,7 +80,8 @@ def rollout_options(args: argparse.Namespace, command: str, *, preflight: bool) 
     key = None if getattr(args, "check", False) else \
         resume.key_of(command, args.inventory, args.limit, getattr(args, "instance", None))
     return RolloutOptions(
-        serial=parse_serial(args.serial) if args.serial is not None else None, canary=args.canary,
+        serial=serial_of(args.serial, "--serial") if args.serial is not None else None, rolling=True,
+        canary=args.canary,
         max_fail_percentage=parse_percentage(args.max_fail_percentage) if args.max_fail_percentage else None,
         force=args.force, preflight=preflight, resume_key=key, resume=args.resume, command=command)
 

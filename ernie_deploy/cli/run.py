@@ -126,8 +126,10 @@ def _starter(args: argparse.Namespace) -> Any:
 def _finished(args: argparse.Namespace) -> Any:
     from ernie_deploy.output.run import show_task
 
+    shown: set[tuple[str, str]] = set()  # each host's findings print once, not once per task
+
     def show(rec: TaskRun) -> None:
         if not args.json:
-            show_task(rec, check=args.check, verbose=args.verbose)
+            show_task(rec, check=args.check, verbose=args.verbose, shown=shown)
 
     return show

@@ -18,13 +18,16 @@ if TYPE_CHECKING:
 def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
     p = sub.add_parser("status", help="what runs on each host against the plan, and every drift with its fix",
                        description="Read-only, one round trip per host: per instance its systemd state, uptime, "
-                                   "restarts and /health; per host the current release, the last change in the "
-                                   "audit log and the deploy lock; and drift: files that differ from the "
-                                   "rendered ones, unit files systemd has not reloaded, a process whose command "
-                                   "line is not the plan's or that started before its files last changed, "
-                                   "staged files not restarted, drop-ins, units the plan no longer has, vLLM "
-                                   "processes outside the managed units, instances down. Exit codes: 0 no "
-                                   "drift, 2 drift (or a plan error), 4 unreachable.")
+                                   "restarts, /health and the vLLM version its process runs; per host that "
+                                   "version (and the installed one when they differ), the current release, the "
+                                   "last change in the audit log and the deploy lock; and drift: files that "
+                                   "differ from the rendered ones, unit files systemd has not reloaded, a process "
+                                   "whose command line is not the plan's or that started before its files last "
+                                   "changed, staged files that still wait for a restart, a deploy lock left "
+                                   "behind or held (`ernie-deploy lock -i INV --break` breaks every stale one), "
+                                   "drop-ins, units the plan no longer has, vLLM processes outside the managed "
+                                   "units, instances down. Exit codes: 0 no drift, 2 drift (or a plan error), 4 "
+                                   "unreachable.")
     common(p)
     ssh_options(p)
     p.add_argument("--templates", type=Path, metavar="DIR", help="the templates deploy used (as for deploy)")

@@ -7,6 +7,11 @@ change moves GPUs between its instances goes as a whole: drain all, stop all, st
 
 A failed start restores what ran before (the host's release from before the change), restarts and
 re-verifies it; units staged but not reached yet get their files back, so nothing stays half-applied.
+
+With a post-ready hook, every instance whose pre-drain hook ran is recorded out of the load balancer
+(`hooks.Rotation`) before that hook starts, and put back by post-ready wherever it ends serving: passed, kept
+serving because the rollout stopped before its stop, or rolled back and verified. One that does not serve stays
+recorded; the rollout names it and `--resume` puts it back once it serves.
 """
 
 from __future__ import annotations
@@ -104,12 +109,14 @@ def released_instances(session: Transport, release: releases.Release, plan: Host
 
 class HostCycle:
     def __init__(self, fleet: Fleet, run: HostRun[Any], work: Work, opts: CycleOptions, exp: Expectations,
-                 timeline: Timeline, audit: Callable[[str], dict[str, Any]]) -> None:
+                 timeline: Timeline, audit: Callable[[str], dict[str, Any]], rotation: hooks.Rotation) -> None:
         assert run.session is not None
         self.fleet, self.run, self.work, self.opts, self.exp = fleet, run, work, opts, exp
         self.session = run.session
         self.timeline = timeline
         self.audit = audit
+        self.rotation = rotation
+        self.pulled: set[str] = set()  # units whose pre-drain hook ran in this cycle
         self.result = run.result
         self.change = run.result.changing()
         self.plan = work.plan
@@ -134,8 +141,12 @@ class HostCycle:
         running = [i for i in group if unit_of(i) in self.work.running]
         pulled: list[InstancePlan] = []  # out of the balancer
         for inst in serving:
+            if self.opts.pre_drain and self.opts.post_ready:
+                # Recorded before the hook starts: a controller killed mid-hook leaves the record behind.
+                self.rotation.pulled(self.plan.name, unit_of(inst))
+                self.pulled.add(unit_of(inst))
             if self.opts.pre_drain and not self._hook("pre-drain", self.opts.pre_drain, inst):
-                self._back_in_rotation(pulled)
+                self._back_in_rotation([*pulled, inst])  # a failed hook may have taken it out half-way
                 self._undo([], group + later, "the pre-drain hook failed; nothing was stopped")
                 return False
             pulled.append(inst)
@@ -166,6 +177,7 @@ class HostCycle:
             if self.opts.post_ready and not self._hook("post-ready", self.opts.post_ready, inst):
                 self._undo([], later, None)
                 return False
+            self.rotation.back(self.plan.name, unit_of(inst))
         return True
 
     def _stopped(self, where: str, unreached: list[InstancePlan]) -> None:
@@ -175,11 +187,18 @@ class HostCycle:
         self.result.fail(Status.FAILED, f"stopped {where}: {why}", self.result.hint)
         self._undo([], unreached, None)
 
-    def _back_in_rotation(self, insts: list[InstancePlan]) -> None:
-        """Instances taken out of the balancer that keep serving (the rollout stopped before their stop)."""
+    def _back_in_rotation(self, insts: list[InstancePlan]) -> bool:
+        """Instances taken out of the balancer that serve (the rollout stopped before their stop, or they were
+        rolled back and verified): post-ready puts them back. False when a hook failed (they stay recorded)."""
+        ok = True
         for inst in insts:
-            if self.opts.post_ready:
-                self._hook("post-ready", self.opts.post_ready, inst, fail=False)
+            if not self.opts.post_ready or unit_of(inst) not in self.pulled:
+                continue
+            if self._hook("post-ready", self.opts.post_ready, inst, fail=False):
+                self.rotation.back(self.plan.name, unit_of(inst))
+            else:
+                ok = False
+        return ok
 
     # -- steps ---------------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -405,7 +424,10 @@ class HostCycle:
             # Its span: the units with nothing to go back to, stopped and disabled (the restored ones are drawn
             # by their readiness watch).
             with self._phase("roll back", "rollback", disable) as step:
-                self.session.run(releases.undo_command(back, stop, disable, self.audit("rollback")))
+                # The release that failed to start gets marked on the host (`releases`, rollback's --force).
+                mark = (self.change.release, releases.failure([unit_of(i) for i in failed], result.message)) \
+                    if failed and self.change.release else None
+                self.session.run(releases.undo_command(back, stop, disable, self.audit("rollback"), mark))
                 step.changed = True
                 unpended = [u for u in back if u not in stop]
                 if unpended:
@@ -441,4 +463,55 @@ class HostCycle:
         for inst, release in restored:
             verdict = "ready and verified" if inst not in still else \
                 "started, not verified (interrupted)" if self.fleet.abort.is_set() else "failed again"
+            if inst not in still and unit_of(inst) in self.pulled:
+                returned = self._back_in_rotation([inst])
+                verdict += "; back in the load balancer (post-ready)" if returned else \
+                    "; post-ready failed: still out of the load balancer"
             rollbacks.append(f"{unit_of(inst)}: rolled back to release {release.id}: {verdict}")
+
+
+def stray_processes(session: Transport, plan: HostPlan, insts: Sequence[InstancePlan],
+                    managed: Sequence[str] = ()) -> list[tuple[str, int]]:
+    """("host unit: why", PID) for each process on the GPUs of `insts` that belongs to no managed unit (the plan's
+    instances and `managed`): once the instance is stopped, vLLM's free-memory check fails its start, so it must
+    be found before the stop. Only a process the host's `ps` lists is named: nvidia-smi in a container may list
+    the host's PIDs, which say nothing about this host."""
+    if not insts:
+        return []
+    try:
+        reading = rolling.parse_gpus(session.run(rolling.gpu_command([unit_of(i) for i in insts])).text)
+    except CheckInputError as exc:
+        raise RemoteError(Failure.COMMAND, f"nvidia-smi output unusable: {exc.message}", where=plan.name) from None
+    ours = {unit_of(i) for i in plan.instances} | set(managed)
+    by_uuid = {r.uuid: r.index for r in reading.rows}
+    out = []
+    for inst in insts:
+        for app in reading.apps:
+            gpu = by_uuid.get(app.gpu_uuid)
+            if gpu in inst.gpus and app.pid in reading.names and reading.units.get(app.pid) not in ours:
+                name = reading.names[app.pid]
+                used = f"{app.used_memory_mib:.0f} MiB" if app.used_memory_mib is not None else "memory"
+                owner = reading.units.get(app.pid)
+                out.append((f"{plan.name} {unit_of(inst)}: PID {app.pid}" + (f" ({name})" if name else "")
+                            + f" holds {used} on its GPU {gpu}" + (f" (from {owner})" if owner else "")
+                            + ", outside every managed unit", app.pid))
+    return out
+
+
+def put_back(fleet: Fleet, run: HostRun[Any], plan: HostPlan, serving: Callable[[str], bool],
+             rotation: hooks.Rotation, opts: CycleOptions) -> None:
+    """The host's instances out of rotation from an earlier run (its resume state): post-ready for each that
+    serves now (`serving(unit)`); the others stay recorded (and named) until they do."""
+    for unit in rotation.out_of(plan.name):
+        inst = next((i for i in plan.instances if unit_of(i) == unit), None)
+        if inst is None or not opts.post_ready or not serving(unit):
+            continue
+        fleet.progress(plan.name, f"post-ready hook for {inst.unit} (out of rotation since an earlier run)")
+        with fleet.step(run, f"post-ready hook {inst.unit} (back in rotation)") as step:
+            done = hooks.run("post-ready", opts.post_ready,
+                             hooks.environment("post-ready", opts.command, plan, inst, 0), opts.hook_timeout)
+            step.evidence = [done.summary, *done.output]
+            if not done.ok:
+                step.status = StepStatus.FAILED
+        if done.ok:
+            rotation.back(plan.name, unit)

@@ -1,13 +1,14 @@
 """Deploy: converge hosts to their plans, phase by phase across hosts.
 
 1. snapshot every host (connect, lock + facts in one command, plan, render, changes);
-2. change the hosts, batch by batch with `--serial` (rollout.py; without it, one batch of every host): show
+2. change the hosts, batch by batch (rollout.py: with `rolling`, the command line's default, hosts whose change
+   stops serving instances go one at a time or `vllm_serial` at a time; `--serial all`: one batch): show
    diffs, stage (files in place, a release recorded, nothing restarted), then cycle each changed instance
    one at a time (cycle.py: drain, stop, GPU release, start, readiness, checks); a failed one is restored
    to the release that ran before; facts are re-read first when the snapshot has grown old;
 3. close: release every lock and close every session, also after a failure or Ctrl-C.
 
-Without --serial a host's failure never stops the others unless `any_errors_fatal` is set.
+With one batch a host's failure never stops the others unless `any_errors_fatal` is set.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 from ernie_deploy.checks.expectations import Expectations
 from ernie_deploy.orchestration import audit
-from ernie_deploy.orchestration.cycle import CycleOptions, HostCycle, Work, unit_of
+from ernie_deploy.orchestration.cycle import CycleOptions, HostCycle, Work, put_back, stray_processes, unit_of
 from ernie_deploy.orchestration.fleet import Fleet, FleetOptions, HostRun
 from ernie_deploy.orchestration.results import HostResult, Status
 from ernie_deploy.orchestration.rollout import Report, RolloutOptions, drive
@@ -100,7 +101,8 @@ class Runner:
     @property
     def _snapshot_options(self) -> SnapshotOptions:
         return SnapshotOptions(lock=None if self.options.check else self.lock, lock_wait=self.options.lock_wait,
-                               prune=self.options.prune, lock_later=True)
+                               prune=self.options.prune, lock_later=True,
+                               take_over_stale=self.options.rollout.resume)
 
     def problems(self, run: HostRun[Snapshot]) -> list[str]:
         """Installed instances of the plan that do not serve now (the rollout pre-flight). A unit staged and never
@@ -116,6 +118,27 @@ class Runner:
 
     def snapshot(self, run: HostRun[Snapshot]) -> None:
         run.state = take(self.fleet, run, self.ctx, self.templates, self._snapshot_options)
+
+    def disrupts(self, run: HostRun[Snapshot]) -> bool:
+        snap = run.state
+        return snap is not None and bool(snap.changes.restart or snap.changes.prune)
+
+    def strays(self, run: HostRun[Snapshot]) -> list[tuple[str, int]]:
+        snap = run.state
+        # A host with nothing running loses nothing: a stray there fails the GPU gate before the first start.
+        if snap is None or run.session is None or not self.disrupts(run) or not self.options.activate:
+            return []
+        changes = snap.changes
+        insts = [i for i in snap.plan.instances if unit_of(i) in changes.units]
+        return stray_processes(run.session, snap.plan, insts, [*changes.prune, *changes.leftover])
+
+    def put_back(self, run: HostRun[Snapshot]) -> None:
+        snap = run.state
+        if snap is not None:
+            stable = snap.plan.tuning.stable_seconds
+            put_back(self.fleet, run, snap.plan,
+                     lambda unit: converge.serving_problem(unit, snap.facts, stable) is None,
+                     self.report.rotation, self.cycle)
 
     def change(self, run: HostRun[Snapshot], batch: int) -> None:
         snap = run.state
@@ -171,7 +194,8 @@ class Runner:
                 step.changed = True
             result.message = "changed" + leftover
             return
-        if not HostCycle(self.fleet, run, work, self.cycle, self.expectations, self.report.timeline, audited).go():
+        if not HostCycle(self.fleet, run, work, self.cycle, self.expectations, self.report.timeline, audited,
+                         self.report.rotation).go():
             return
         result.message = f"changed; every (re)started instance verified{how}" + leftover
 

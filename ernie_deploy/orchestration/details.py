@@ -46,7 +46,7 @@ class ProvisionReport:
 
 @dataclass(frozen=True)
 class Drift:
-    kind: str  # file, daemon-reload, cmdline, not-applied, pending, drop-in, leftover, process
+    kind: str  # file, daemon-reload, cmdline, not-applied, pending, drop-in, leftover, process, lock
     subject: str  # the file, unit or process
     message: str
     fix: str
@@ -64,7 +64,14 @@ class StatusReport:
     release: str | None = None
     last_change: dict[str, Any] | None = None
     lock: str | None = None
-    vllm: str | None = None
+    vllm: str | None = None  # the version(s) the running processes use; the installed one when none runs
+    vllm_installed: str | None = None  # the version at the default venv path
+
+    def vllm_line(self) -> str:
+        """The vLLM that serves, and the installed one beside it when they differ."""
+        if self.vllm_installed is None or self.vllm == self.vllm_installed:
+            return self.vllm or "?"
+        return f"{self.vllm or '?'} running ({self.vllm_installed} installed)"
 
     def last_change_line(self) -> str:
         """The last audited change in one line; what an audit line lacks (older versions wrote some without
@@ -77,7 +84,8 @@ class StatusReport:
 
     def to_json(self) -> dict[str, Any]:
         return {"instances": self.instances, "drift": [d.to_json() for d in self.drift], "release": self.release,
-                "last_change": self.last_change, "lock": self.lock, "vllm": self.vllm}
+                "last_change": self.last_change, "lock": self.lock, "vllm": self.vllm,
+                "vllm_installed": self.vllm_installed}
 
 
 Detail = Change | ProvisionReport | StatusReport

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Generic, TypeVar
 
 from ernie_deploy.errors import DeployError
@@ -26,7 +27,7 @@ from ernie_deploy.orchestration.results import HostResult, Status
 from ernie_deploy.orchestration.steps import Step, StepStatus
 from ernie_deploy.orchestration.transport import Connector, Progress, RemoteHost, Transport, target_for
 from ernie_deploy.remote import lock
-from ernie_deploy.remote.ssh import Failure, RemoteError
+from ernie_deploy.remote.ssh import Failure, RemoteError, Session
 
 log = logging.getLogger(__name__)
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -95,7 +96,13 @@ class Fleet:
             self.progress(run.host.name, "connecting")
             with self.step(run, "connect"):
                 run.session = self.connector(target_for(run.host, self.options.known_hosts))
+            if isinstance(run.session, Session):
+                run.session.on_silence = partial(self._silent, run.host.name)
         return run.session
+
+    def _silent(self, host: str, quiet: float, limit: float) -> None:
+        self.progress(host, f"no answer for {quiet:.0f}s (gives up at {limit:.0f}s, --host-timeout)" if quiet
+                      else "answers again")
 
     def step(self, run: HostRun[Any], name: str) -> _StepTimer:
         return _StepTimer(run.result, name)
@@ -198,8 +205,16 @@ class Fleet:
         def one(run: HostRun[S]) -> None:
             if run.session is None:
                 return
+            host = run.host.name
             try:
                 release(run)
+            except RemoteError as exc:
+                if exc.kind is not Failure.UNREACHABLE:
+                    run.result.evidence.append(f"could not release the deploy lock: {exc.message}")
+                else:  # never wait for a host that stopped answering: its lock stays, and reads as stale
+                    run.result.evidence.append(
+                        f"could not release the deploy lock on {host}: host not answering; it will show as stale "
+                        f"(once {host} answers and no deploy runs: ernie-deploy lock -i INV --limit {host} --break)")
             except DeployError as exc:
                 run.result.evidence.append(f"could not release the deploy lock: {exc.message}")
             except Exception:  # closing must reach every host

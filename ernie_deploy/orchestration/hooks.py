@@ -4,6 +4,10 @@
 while it drains, so a balancer would not notice by itself); `--post-ready` puts it back once it passed the
 readiness gate. Context travels in ERNIE_* environment variables, never secrets. A non-zero exit or a run
 past the timeout is a failure that stops the rollout.
+
+Whatever pre-drain did is undone for every instance that ends serving: post-ready runs for it also when the
+rollout stops, is interrupted or rolls the instance back. An instance that does not serve at the end stays
+recorded as out of rotation (`Rotation`): the result names it and `--resume` runs post-ready once it serves.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ import contextlib
 import os
 import signal
 import subprocess
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ernie_deploy.planning.plantypes import HostPlan, InstancePlan
@@ -55,3 +61,40 @@ def run(name: str, shell: str, env: dict[str, str], timeout: float) -> HookResul
 
 def _tail(out: bytes) -> list[str]:
     return out.decode(errors="replace").splitlines()[-OUTPUT_LINES:]
+
+
+class Rotation:
+    """Instances out of the load balancer: recorded before their pre-drain hook starts (so a controller killed
+    with -9 mid-hook or mid-restart still left the record behind) and forgotten once post-ready put them back.
+    `saved` runs after every change (the rollout keeps the record in its resume state); hosts' threads share it."""
+
+    def __init__(self, out: dict[str, list[str]] | None = None) -> None:
+        self._out: dict[str, list[str]] = {h: list(units) for h, units in (out or {}).items() if units}
+        self._lock = threading.Lock()
+        self.saved: Callable[[], None] = lambda: None
+
+    def pulled(self, host: str, unit: str) -> None:
+        with self._lock:
+            units = self._out.setdefault(host, [])
+            if unit in units:
+                return
+            units.append(unit)
+        self.saved()
+
+    def back(self, host: str, unit: str) -> None:
+        with self._lock:
+            units = self._out.get(host, [])
+            if unit not in units:
+                return
+            units.remove(unit)
+            if not units:
+                del self._out[host]
+        self.saved()
+
+    def out_of(self, host: str) -> list[str]:
+        with self._lock:
+            return list(self._out.get(host, []))
+
+    def snapshot(self) -> dict[str, list[str]]:
+        with self._lock:
+            return {h: list(units) for h, units in self._out.items()}

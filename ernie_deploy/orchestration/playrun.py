@@ -30,7 +30,7 @@ from ernie_deploy.orchestration.results import HostResult, Status
 from ernie_deploy.orchestration.rollout import Report, RolloutOptions
 from ernie_deploy.orchestration.snapshot import SnapshotOptions, down, take
 from ernie_deploy.orchestration.transport import Connector, Progress
-from ernie_deploy.orchestration.verify import Verifier
+from ernie_deploy.orchestration.verify import KINDS, Verifier
 from ernie_deploy.planning.plan import PlanContext
 from ernie_deploy.planning.provisioning import parse_rate
 from ernie_deploy.planning.render import environment_for_templates, templates_dir
@@ -134,7 +134,7 @@ class PlaybookRunner:
         runs = Provisioner(self.ctx, opts, fleet).run(hosts)
         for r in runs:
             actions = r.result.detail_of(ProvisionReport).actions
-            r.result.evidence += [f"{a['step']}: {a['status']}: {a['detail']}" for a in actions]
+            r.result.evidence += [action_line(a) for a in actions]
         record.results = [r.result for r in runs]
 
     def _deploy(self, task: Task, fleet: Fleet, *, check: bool, activate: bool, rollout: RolloutOptions,
@@ -165,7 +165,8 @@ class PlaybookRunner:
                                  max_fail_percentage=play.max_fail_percentage, force=task.flag("force"),
                                  preflight=True, command=self._label(task))
         budget = task.number("startup_budget")
-        cycle = CycleOptions(command=self._label(task), pre_drain=task.text("pre_drain"),
+        # Hooks are told which operation this is, as docs/hooks.md lists them (the audit log gets the label).
+        cycle = CycleOptions(command="restart" if task.flag("always") else "deploy", pre_drain=task.text("pre_drain"),
                              post_ready=task.text("post_ready"), hook_timeout=task.number("hook_timeout"),
                              idle_timeout=task.number("idle_timeout"), gpu_timeout=task.number("gpu_release_timeout"),
                              parallel_instances=task.flag("parallel_instances"), rollback=task.flag("rollback"),
@@ -209,13 +210,14 @@ class PlaybookRunner:
         record.results = [r.result for r in fleet.run(hosts, [wait])]
 
     def _verify(self, play: Play, task: Task, hosts: list[Host], record: TaskRun, fleet: Fleet,
-                expectations: Expectations | None = None) -> None:
+                expectations: Expectations | None = None, kinds: Sequence[str] = KINDS) -> None:
+        # Check mode started nothing: verify says what it would check instead of failing what never ran.
         verifier = Verifier(self.ctx, self.connector, fleet.options, expectations=expectations or
-                            verify_expectations(task), fleet=fleet)
+                            verify_expectations(task), fleet=fleet, check=self.options.check, kinds=kinds)
         record.results = verifier.run(hosts)
 
     def _gpu_check(self, play: Play, task: Task, hosts: list[Host], record: TaskRun, fleet: Fleet) -> None:
-        self._verify(play, task, hosts, record, fleet, Expectations())
+        self._verify(play, task, hosts, record, fleet, Expectations(), kinds=("gpus",))
         for r in record.results:
             if r.status not in (Status.OK, Status.FAILED) or not r.checks:
                 continue
@@ -227,7 +229,7 @@ class PlaybookRunner:
 
     def _hook(self, play: Play, task: Task, hosts: list[Host], record: TaskRun, fleet: Fleet) -> None:
         timeout = task.number("timeout")
-        base = {"ERNIE_HOOK": task.name, "ERNIE_COMMAND": self._label(task), "ERNIE_PLAY": play.name,
+        base = {"ERNIE_HOOK": task.name, "ERNIE_COMMAND": "run", "ERNIE_PLAY": play.name,
                 "ERNIE_HOSTS": " ".join(h.name for h in hosts)}
         if task.flag("once"):
             outcome = hooks.run(task.name, task.args["run"], base, timeout)
@@ -282,6 +284,11 @@ class PlaybookRunner:
             run.result.status, run.result.message, run.result.evidence = Status.CHANGED, "command ran", lines
 
         record.results = [r.result for r in fleet.run(hosts, [one])]
+
+
+def action_line(action: dict[str, str]) -> str:
+    """A provisioning action as a provision task's evidence line."""
+    return f"{action['step']}: {action['status']}: {action['detail']}"
 
 
 def _hook_result(host: str, outcome: hooks.HookResult) -> HostResult:

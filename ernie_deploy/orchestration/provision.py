@@ -46,6 +46,15 @@ MIB = 1024 * 1024
 # Room left on the model's file system after a copy: a disk filled to the last byte breaks journald and
 # the instances' own logs.
 DISK_MARGIN = 256 * MIB
+GIB = 1024 * MIB
+# An installed venv takes this many times its wheels' size: wheels are zip archives; the lab's vLLM 0.32.0 CPU
+# wheelhouse (859 MiB of wheels) unpacks to 3003 MiB, 3.5 times (docs/provisioning.md, "Disk space").
+UNPACK_FACTOR = 4
+# Without a wheelhouse to measure, what an install from an index needs (docs/provisioning.md, "Disk space"):
+# a CUDA build, and vLLM's CPU build (a `+cpu` version: ~900 MB of wheels, docs/lab.md).
+INDEX_INSTALL_BYTES = 10 * GIB
+CPU_INDEX_INSTALL_BYTES = 4 * GIB
+NO_SPACE = ("No space left on device", "[Errno 28]")
 
 
 @dataclass(frozen=True)
@@ -193,6 +202,7 @@ class Provisioner:
             (" and vllm_pip_index_url" if spec.index_url else "")
         detail = f"install vLLM {spec.version} into {spec.venv} from {source}"
         report.vllm["state"] = "installed"
+        need = self._room_for_vllm(spec, facts)
         if self.options.check:
             report.add("vllm", StepStatus.WOULD_CHANGE, detail)
             return
@@ -212,10 +222,40 @@ class Provisioner:
             if spec.index_url is not None:
                 out = out.replace(spec.index_url.reveal(), "[REDACTED]")
             tail = "\n".join(out.splitlines()[-8:])
+            if any(mark in out for mark in NO_SPACE):
+                # A full disk shows up as whatever step ran out first (ensurepip, a wheel): name the disk.
+                raise DeployError(f"installing vLLM {spec.version} into {spec.venv} ran out of disk space (exit "
+                                  f"{r.code}); {facts.venv_disk.mount} held {_size(facts.venv_disk.free_bytes)} "
+                                  f"free before, about {_size(need)} is needed:\n{tail}", where=spec.host,
+                                  hint=f"free space on {facts.venv_disk.mount} (and pip's temporary directory, "
+                                       "TMPDIR or /tmp), or point vllm_bin at a venv on a larger disk; then run "
+                                       "provision again")
             raise DeployError(f"installing vLLM {spec.version} into {spec.venv} failed (exit {r.code}):\n{tail}",
                               where=spec.host, hint="check that the index or wheelhouse has vllm=="
                                                     f"{spec.version} for this Python, then run provision again")
         report.add("vllm", StepStatus.CHANGED, detail)
+
+    def _room_for_vllm(self, spec: ProvisionSpec, facts: remote.ProvisionFacts) -> int:
+        """The bytes the install needs on the venv's disk; fails, before anything is copied or installed, when
+        that disk has less free (like the model copy). Unknown free space (df said nothing) is not a refusal."""
+        if spec.find_links is not None:
+            wheels = self._manifest(spec.find_links)
+            need = UNPACK_FACTOR * sum(e.size for e in wheels.values())
+            if facts.wheels_mount == facts.venv_disk.mount:  # the wheelhouse copy comes out of the same room
+                need += sum(e.size for rel, e in wheels.items() if rel not in facts.wheels.present)
+            how = f"{UNPACK_FACTOR} times the wheelhouse's {_size(need // UNPACK_FACTOR)}"
+        else:
+            cpu = spec.version.endswith("+cpu")
+            need = CPU_INDEX_INSTALL_BYTES if cpu else INDEX_INSTALL_BYTES
+            how = f"the estimate for {'a CPU' if cpu else 'a CUDA'} build from an index"
+        free = facts.venv_disk.free_bytes
+        if free is not None and need + DISK_MARGIN > free:
+            raise DeployError(f"installing vLLM {spec.version} into {spec.venv} needs about {_size(need)} ({how}) "
+                              f"on {facts.venv_disk.mount}, which has {_size(free)} free (keeping "
+                              f"{_size(DISK_MARGIN)} spare); nothing was installed", where=spec.host,
+                              hint=f"free space on {facts.venv_disk.mount}, or point vllm_bin at a venv on a "
+                                   "larger disk (docs/provisioning.md, \"Disk space\")")
+        return need
 
     def _prune(self, run: HostRun[None], spec: ProvisionSpec, facts: remote.ProvisionFacts,
                report: ProvisionReport) -> None:
@@ -367,3 +407,9 @@ class Provisioner:
 
 def _mib(n: int) -> str:
     return f"{n / MIB:.1f} MiB"
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "an unknown amount"
+    return f"{n / GIB:.1f} GiB" if n >= GIB else _mib(n)

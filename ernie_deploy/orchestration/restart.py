@@ -18,12 +18,21 @@ from typing import Any
 from ernie_deploy.checks.expectations import Expectations
 from ernie_deploy.errors import DeployError
 from ernie_deploy.orchestration import audit
-from ernie_deploy.orchestration.cycle import CycleOptions, HostCycle, Work, released_instances, unit_of
+from ernie_deploy.orchestration.cycle import (
+    CycleOptions,
+    HostCycle,
+    Work,
+    put_back,
+    released_instances,
+    stray_processes,
+    unit_of,
+)
 from ernie_deploy.orchestration.fleet import Fleet, FleetOptions, HostRun
 from ernie_deploy.orchestration.results import HostResult, Status
 from ernie_deploy.orchestration.rollout import Report, RolloutOptions, drive
 from ernie_deploy.orchestration.snapshot import Snapshot, SnapshotOptions, down, take
 from ernie_deploy.orchestration.transport import Connector, Progress, RemoteHost
+from ernie_deploy.planning.hostpaths import RELEASES_DIR
 from ernie_deploy.planning.plan import PlanContext
 from ernie_deploy.planning.plantypes import HostPlan, InstancePlan
 from ernie_deploy.planning.render import environment_for_templates, templates_dir
@@ -87,10 +96,30 @@ class Restarter:
         return drive(self, hosts, self.options.rollout)
 
     def snapshot(self, run: HostRun[Scoped]) -> None:
-        opts = SnapshotOptions(lock=None if self.options.check else self.lock, lock_wait=self.options.lock_wait)
+        opts = SnapshotOptions(lock=None if self.options.check else self.lock, lock_wait=self.options.lock_wait,
+                               take_over_stale=self.options.rollout.resume)
         snap = take(self.fleet, run, self.ctx, self.templates, opts)
         if snap is not None:
             run.state = Scoped(snap, select(snap.plan, self.options.instance))
+
+    def disrupts(self, run: HostRun[Scoped]) -> bool:
+        if run.state is None:
+            return False
+        units = run.state.snapshot.facts.units
+        return any(unit_of(i) in units and units[unit_of(i)].active_state in converge.RUNNING for i in run.state.scope)
+
+    def strays(self, run: HostRun[Scoped]) -> list[tuple[str, int]]:
+        if run.state is None or run.session is None:
+            return []
+        return stray_processes(run.session, run.state.snapshot.plan, run.state.scope)
+
+    def put_back(self, run: HostRun[Scoped]) -> None:
+        if run.state is not None:
+            snap = run.state.snapshot
+            stable = snap.plan.tuning.stable_seconds
+            put_back(self.fleet, run, snap.plan,
+                     lambda unit: converge.serving_problem(unit, snap.facts, stable) is None,
+                     self.report.rotation, self.options.cycle)
 
     def problems(self, run: HostRun[Scoped]) -> list[str]:
         if run.state is None:
@@ -141,8 +170,19 @@ class Restarter:
             return
         result.status = Status.CHANGED
         if HostCycle(self.fleet, run, work, self.options.cycle, self.expectations, self.report.timeline,
-                     lambda action: self._audit(run, action)).go():
+                     lambda action: self._audit(run, action), self.report.rotation).go():
             result.message = f"restarted {', '.join(units)}; every instance verified"
+
+    def _diffs(self, run: HostRun[Scoped], target: releases.Release, units: tuple[str, ...]) -> list[str]:
+        """What restoring `target` for `units` would change, file by file, as `deploy --check --diff` shows it
+        (env files redacted): the host's file against the release's copy, read in one round trip."""
+        assert run.session is not None
+        paths = list(releases.restoring(target, units).paths)
+        kept = [f"{RELEASES_DIR}/{target.id}{p}" for p in paths]
+        text = converge.parse_read(run.session.run(converge.read_command(paths + kept)).text)
+        return [converge.unified_diff(p, text.get(p), text.get(k, ""), p.endswith(".env"),
+                                      new_label=f"release {target.id}")
+                for p, k in zip(paths, kept, strict=True) if text.get(p) != text.get(k)]
 
     def _rollback(self, run: HostRun[Scoped], scoped: Scoped, batch: int) -> None:
         assert run.session is not None
@@ -169,6 +209,11 @@ class Restarter:
                 result.fail(Status.FAILED, "no earlier release is kept on this host: nothing to roll back to",
                             "ernie-deploy releases -i INV --limit HOST lists what is kept")
                 return
+        if target.failed is not None and not self.options.rollout.force:
+            result.fail(Status.FAILED, f"release {target.id} {target.failed.describe()}; nothing was changed",
+                        "roll back to a release that ran (ernie-deploy releases -i INV --limit HOST marks the "
+                        "failed ones, then --to ID), or add --force to go back to it anyway")
+            return
         insts = [i for i in scope if releases.has_unit(target, unit_of(i))]
         units = tuple(unit_of(i) for i in insts)
         same = all(target.files.get(p) == files.get(p) for p in target.files
@@ -181,7 +226,10 @@ class Restarter:
         done.release, done.restarted = target.id, list(units)
         done.reasons = {u: f"rollback to {target.id}" + (f" (from {now.id})" if now else "") for u in units}
         result.status = Status.CHANGED
+        if target.failed is not None:
+            result.evidence.append(f"--force: going back to release {target.id}, which {target.failed.describe()}")
         if self.options.check:
+            done.diffs = self._diffs(run, target, units)
             result.message = f"would restore release {target.id} for {', '.join(units)} and restart them"
             return
         with self.fleet.step(run, "restore") as step:
@@ -195,5 +243,5 @@ class Restarter:
         work.whole = [f"{unit_of(i)} moves to GPU(s) {','.join(map(str, i.gpus))}" for i in back
                       if unit_of(i) in work.running and tuple(snap.facts.unit_gpus.get(unit_of(i), ())) != i.gpus]
         if HostCycle(self.fleet, run, work, self.options.cycle, self.expectations, self.report.timeline,
-                     lambda action: self._audit(run, action)).go():
+                     lambda action: self._audit(run, action), self.report.rotation).go():
             result.message = f"rolled back to release {target.id}; every instance verified"

@@ -2,7 +2,9 @@
 
 One JSON file per (command, inventory, limit, instance) under $ERNIE_DEPLOY_STATE_DIR, else
 $XDG_STATE_HOME/ernie-deploy/rollouts, else ~/.local/state/ernie-deploy/rollouts. Written atomically after
-every batch, removed when the rollout completes.
+every batch and whenever an instance goes out of the load balancer or back (`out`: host → units whose
+pre-drain hook ran and whose post-ready did not yet), removed when the rollout completes with every instance
+back in rotation.
 """
 
 from __future__ import annotations
@@ -42,10 +44,11 @@ class RolloutState:
     done: list[int] = field(default_factory=list)  # indices of batches finished
     stopped: str = ""  # why it stopped
     time: str = ""
+    out: dict[str, list[str]] = field(default_factory=dict)  # host → units out of the load balancer
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "key": self.key, "command": self.command, "batches": self.batches,
-                "done": self.done, "stopped": self.stopped, "time": self.time}
+                "done": self.done, "stopped": self.stopped, "time": self.time, "out": self.out}
 
 
 def path_of(key: str) -> Path:
@@ -66,7 +69,8 @@ def load(key: str) -> RolloutState | None:
                           hint="delete the file to start the rollout over without --resume")
     return RolloutState(str(data["key"]), str(data["command"]), [list(map(str, b)) for b in data["batches"]],
                         [int(i) for i in data.get("done", [])], str(data.get("stopped", "")),
-                        str(data.get("time", "")))
+                        str(data.get("time", "")),
+                        {str(h): [str(u) for u in units] for h, units in dict(data.get("out") or {}).items()})
 
 
 def save(state: RolloutState) -> None:

@@ -18,7 +18,7 @@ from ernie_deploy.orchestration.fleet import Fleet, HostRun, LockHeld
 from ernie_deploy.orchestration.results import Status
 from ernie_deploy.orchestration.steps import StepStatus
 from ernie_deploy.planning.findings import Severity
-from ernie_deploy.planning.plan import HostInputs, PlanContext, build_plan, input_error, read_inputs
+from ernie_deploy.planning.plan import HostInputs, PlanContext, build_plan, input_errors, read_inputs
 from ernie_deploy.planning.plantypes import Discovered, HostPlan
 from ernie_deploy.planning.render import RenderedFile, render_host
 from ernie_deploy.remote import converge, lock
@@ -48,6 +48,9 @@ class SnapshotOptions:
     # something must change: a run with nothing to change is one command per host. A lock someone else holds
     # is still reported, since the facts show it.
     lock_later: bool = False
+    # --resume: a lock left by an earlier run of this user on this controller whose process is gone (kill -9, a
+    # lost connection) is that run's, the one being resumed: take it over instead of refusing.
+    take_over_stale: bool = False
 
 
 def discovered(facts: HostFacts) -> Discovered:
@@ -68,7 +71,7 @@ def take(fleet: Fleet, run: HostRun[Any], ctx: PlanContext, templates: jinja2.En
     try:
         inputs = read_inputs(host, ctx)  # the inventory alone: paths for the facts script, input errors early
     except DeployError as exc:
-        result.findings = [input_error(exc)]
+        result.findings = input_errors(exc)
         result.fail(Status.FAILED, "the plan has errors; nothing was touched")
         return None
     session = fleet.connect(run)
@@ -138,6 +141,7 @@ def lock_and_gather(fleet: Fleet, run: HostRun[Any], opts: SnapshotOptions, gath
     host = run.host.name
     deadline = time.monotonic() + opts.lock_wait
     delay = 1.0
+    broken: set[str] = set()
     while True:
         r = run.session.run(lock.acquire_command(opts.lock, gather))
         if r.code == 0:
@@ -147,11 +151,27 @@ def lock_and_gather(fleet: Fleet, run: HostRun[Any], opts: SnapshotOptions, gath
             raise RemoteError(Failure.COMMAND, f"taking the deploy lock failed ({r.code}): "
                               f"{r.stderr.decode(errors='replace').strip()}", where=host)
         holder = lock.parse_info(r.text.split("\n", 1)[1] if "\n" in r.text else "")
+        if opts.take_over_stale and holder is not None and holder.token not in broken \
+                and stale_and_mine(holder, opts.lock):
+            broken.add(holder.token)  # once: a break that did not take must not loop
+            fleet.progress(host, f"taking over the stale lock of the stopped run (pid {holder.pid})")
+            run.session.run(lock.break_command(holder.token))  # only that holder's: a newer one is never broken
+            continue
         if time.monotonic() >= deadline or fleet.abort.is_set():
-            raise LockHeld(holder, host)
+            held = LockHeld(holder, host)
+            if opts.take_over_stale:
+                held.hint = ("--resume takes over only its own stale locks (this user on this controller, the "
+                             "holder process gone); if the holder is dead, break the locks on every host at once: "
+                             "ernie-deploy lock -i INV --break (add --force for another controller's)")
+            raise held
         fleet.progress(host, f"waiting for the deploy lock ({holder.describe() if holder else 'held'})")
         time.sleep(min(delay, max(0.1, deadline - time.monotonic())))
         delay = min(delay * 2, 10.0)
+
+
+def stale_and_mine(holder: lock.LockInfo, me: lock.LockInfo) -> bool:
+    """The holder ran as this user on this controller and its process is gone."""
+    return holder.user == me.user and holder.controller == me.controller and holder.liveness() == "dead"
 
 
 def release_lock(run: HostRun[Any]) -> None:

@@ -1,12 +1,13 @@
 """`status`: what really runs on each host against the plan, read in one round trip, changing nothing.
 
-Per instance: systemd's state, uptime, restarts, /health. Per host: the current release (the kept release
-whose files are the installed ones), the last change in the audit log, the deploy lock. And drift, each with
-its fix: managed files that differ from the rendered ones; unit files systemd has not reloaded
-(NeedDaemonReload); a main process whose command line is not the plan's ExecStart (a unit edited by hand and
-restarted), or that started before its unit or env file last changed (an edit not in effect); units staged
-and not restarted; drop-ins on managed units; managed units the plan no longer has; and `vllm serve`
-processes outside every managed unit (started by hand).
+Per instance: systemd's state, uptime, restarts, /health, the vLLM its process runs. Per host: that vLLM and
+the installed one, the current release (the kept release whose files are the installed ones), the last change
+in the audit log, the deploy lock. And drift, each with its fix: managed files that differ from the rendered
+ones; unit files systemd has not reloaded (NeedDaemonReload); a main process whose command line is not the
+plan's ExecStart (a unit edited by hand and restarted), or that started before its unit or env file last
+changed (an edit not in effect); units staged and not restarted (judged by what runs); a deploy lock left
+behind or held; drop-ins on managed units; managed units the plan no longer has; and `vllm serve` processes
+outside every managed unit (started by hand).
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ from ernie_deploy.orchestration.fleet import Fleet, HostRun
 from ernie_deploy.orchestration.results import HostResult, Status
 from ernie_deploy.orchestration.snapshot import Snapshot, SnapshotOptions, take
 from ernie_deploy.orchestration.transport import RemoteHost
+from ernie_deploy.planning.hostpaths import LOCK_DIR
 from ernie_deploy.planning.plan import PlanContext
 from ernie_deploy.planning.render import environment_for_templates, exec_words, templates_dir, unescape_word
 from ernie_deploy.remote import converge, lock, releases
+from ernie_deploy.remote.facts import HostFacts
 from ernie_deploy.remote.status import HostStatus, parse, status_script
-from ernie_deploy.remote.systemd import up_seconds
+from ernie_deploy.remote.systemd import started_at, up_seconds
 
 
 def expected_args(snap: Snapshot, unit: str) -> tuple[str, ...] | None:
@@ -35,6 +38,21 @@ def expected_args(snap: Snapshot, unit: str) -> tuple[str, ...] | None:
             words = [unescape_word(w) for w in exec_words(snap.plan, inst)]
             return tuple(words[words.index("serve") + 1:])
     return None
+
+
+def waits_for_restart(unit: str, facts: HostFacts) -> bool:
+    """Whether a unit on the pending list really waits for a restart, judged by what runs: the list alone can
+    be stale (a controller killed after the restart, before it cleared the entry). A process that started after
+    the unit's files last changed runs them. Change times, not modification times: a restore copies with
+    `cp -p`, which keeps the old mtime, and only a new inode's ctime says when it arrived. Unknown (the unit
+    not running, no clock or times read): the list is believed."""
+    state = facts.units.get(unit)
+    start = started_at(state, facts.now_us, facts.wall_now) if state is not None else None
+    paths = (releases.unit_path(unit), releases.env_path(unit))
+    changed = [facts.ctimes[p] for p in paths if p in facts.ctimes]
+    if start is None or not changed:
+        return True
+    return max(changed) > start + converge.CLOCK_MARGIN_S
 
 
 def drifts(host: str, snap: Snapshot, seen: HostStatus) -> list[Drift]:
@@ -62,11 +80,13 @@ def drifts(host: str, snap: Snapshot, seen: HostStatus) -> list[Drift]:
         if newer and unit not in facts.pending:
             out.append(Drift("not-applied", unit, f"{unit}: {', '.join(newer)} changed after its process started, "
                                                   "so the change is not in effect", fix))
-        if unit in facts.pending:
+        if unit in facts.pending and waits_for_restart(unit, facts):
             out.append(Drift("pending", unit, f"{unit}: staged files wait for a restart", fix))
         problem = converge.serving_problem(unit, facts, snap.plan.tuning.stable_seconds)
         if problem is not None:
             out.append(Drift("down", unit, f"{unit}: {problem}", fix))
+    if facts.lock_info:
+        out.append(lock_drift(host, facts.lock_info))
     for path in changes.dropins:
         out.append(Drift("drop-in", path, f"{path} overrides a managed unit (systemctl edit?)",
                          f"fold the setting into the inventory, then {fix} --prune"))
@@ -88,9 +108,39 @@ def drifts(host: str, snap: Snapshot, seen: HostStatus) -> list[Drift]:
     return out
 
 
+# One command breaks every lock whose holder is gone, on all hosts at once (lock_state refuses the others).
+BREAK_ALL = "ernie-deploy lock -i INV --break"
+
+
+def lock_drift(host: str, text: str) -> Drift:
+    """A deploy lock left on the host: stale (its holder's process is gone), held by a run that may still go on,
+    or half-taken (no details). Each blocks every deploy, restart and --resume on the host until broken."""
+    holder = lock.parse_info(text)
+    if holder is None:
+        return Drift("lock", LOCK_DIR, f"the deploy lock {LOCK_DIR} is held without readable details (a run "
+                                       "died while taking it); every deploy, restart and rollback is refused",
+                     f"{BREAK_ALL} (breaks every lock whose holder is gone, on all hosts)")
+    liveness = holder.liveness()
+    if liveness == "dead":
+        return Drift("lock", LOCK_DIR, f"stale deploy lock: {holder.describe()}; every deploy, restart and "
+                                       "--resume is refused until it is broken",
+                     f"{BREAK_ALL} (breaks every stale lock, on all hosts)")
+    if liveness == "alive":
+        return Drift("lock", LOCK_DIR, f"a run holds the deploy lock (pid {holder.pid} still runs on this "
+                                       f"controller): {holder.describe()}",
+                     f"wait for it to finish; if it hangs, stop it (kill {holder.pid}), then {BREAK_ALL}")
+    return Drift("lock", LOCK_DIR, f"the deploy lock is held from another controller (its process cannot be "
+                                   f"checked from here): {holder.describe()}",
+                 f"if that run is gone: {BREAK_ALL} --force --limit {host}")
+
+
 def report_of(host: str, snap: Snapshot, seen: HostStatus) -> StatusReport:
     facts = snap.facts
-    report = StatusReport(vllm=facts.vllm_version)
+    # What serves is the vLLM the running processes use; the default path's version is beside it when it
+    # differs (after a rollback to a release of another vllm_version, or an upgrade not yet restarted).
+    running = facts.running_versions()
+    report = StatusReport(vllm=", ".join(running) if running else facts.vllm_version,
+                          vllm_installed=facts.vllm_version)
     stable = snap.plan.tuning.stable_seconds
     for inst in snap.plan.instances:
         unit = unit_of(inst)
@@ -101,6 +151,7 @@ def report_of(host: str, snap: Snapshot, seen: HostStatus) -> StatusReport:
             "state": f"{state.active_state}/{state.sub_state}" if state else "not installed",
             "pid": state.main_pid if state else 0, "uptime_s": round(up, 1) if up is not None else None,
             "restarts": state.n_restarts if state else 0, "health": facts.health.get(unit),
+            "vllm": (facts.running[unit].version or "?") if unit in facts.running else None,
             "serving": converge.serving_problem(unit, facts, stable) is None,
             "problem": converge.serving_problem(unit, facts, stable)})
     now = releases.current(seen.releases, facts.files)

@@ -2,7 +2,8 @@
 
 Per host two commands: the facts (read-only snapshot), then one probe of all its instances (systemd, this
 invocation's journal, nvidia-smi, the process tree, and the HTTP answers the host itself got); then the
-pure checks.
+pure checks. Under `--check` (a playbook's check mode starts nothing) it probes nothing and says, per instance,
+what it would check: judging services check mode never started would fail every fresh host.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from ernie_deploy.orchestration.snapshot import Snapshot, SnapshotOptions, take
 from ernie_deploy.orchestration.steps import StepStatus
 from ernie_deploy.orchestration.transport import Connector, Progress, RemoteHost
 from ernie_deploy.planning.findings import Severity
+from ernie_deploy.planning.hostpaths import local_url
 from ernie_deploy.planning.plan import PlanContext
+from ernie_deploy.planning.plantypes import HostPlan
 from ernie_deploy.planning.render import environment_for_templates, templates_dir
 from ernie_deploy.remote import probe
 from ernie_deploy.remote.converge import held_gpus
@@ -43,12 +46,40 @@ def drift_checks(snap: Snapshot) -> list[CheckResult]:
     return out
 
 
+# What each family of checks judges (instancecheck.py runs them); `would_check` names them per instance.
+KINDS = ("systemd", "startup_log", "http", "gpus", "drift")
+
+
+def would_check(plan: HostPlan, exp: Expectations, kinds: Sequence[str] = KINDS) -> list[str]:
+    """What verify would judge on this host, one line per instance and family, said without asking the host."""
+    out = []
+    for inst in plan.instances:
+        said = {
+            "systemd": f"systemd: {inst.unit}.service active (running), not restarted by systemd in the last "
+                       f"{plan.tuning.stable_seconds:g}s",
+            "startup_log": "start-up log: tensor parallel size " + str(inst.tensor_parallel_size)
+                           + (f", max_model_len {inst.max_model_len}" if inst.max_model_len else "")
+                           + ", KV cache size, no fatal errors"
+                           + "".join(f", expect /{p}/" for p in exp.expect)
+                           + "".join(f", forbid /{p}/" for p in exp.forbid),
+            "http": f"HTTP on the host: {local_url(inst.host, inst.port)}/health 200, /v1/models lists "
+                    f"{inst.served_model_name!r}, one {'streamed ' if exp.stream else ''}completion",
+            "gpus": f"GPUs {', '.join(map(str, inst.gpus))}: present, held by its processes only, memory and "
+                    "utilisation balanced",
+        }
+        out += [f"{inst.unit}: {said[k]}" for k in kinds if k in said]
+    if "drift" in kinds:
+        out.append("host: no unit outside the plan on its GPUs, no drop-in overriding a managed unit")
+    return out
+
+
 class Verifier:
     def __init__(self, ctx: PlanContext, connector: Connector, options: FleetOptions,
                  progress: Progress | None = None, expectations: Expectations | None = None,
-                 fleet: Fleet | None = None) -> None:
-        """`fleet`: run on this one (a playbook's task) instead of a new one."""
-        self.ctx = ctx
+                 fleet: Fleet | None = None, check: bool = False, kinds: Sequence[str] = KINDS) -> None:
+        """`fleet`: run on this one (a playbook's task) instead of a new one. `check`: say what it would check
+        (of `kinds`) instead of probing."""
+        self.ctx, self.check, self.kinds = ctx, check, kinds
         self.fleet = fleet or Fleet(connector, options, progress)
         self.templates = environment_for_templates(templates_dir())
         self.expectations = expectations or Expectations()
@@ -70,6 +101,13 @@ class Verifier:
             return
         plan = snap.plan
         result.findings = [f for f in plan.findings if f.severity in (Severity.ERROR, Severity.WARNING)]
+        if self.check:
+            with self.fleet.step(run, "checks") as step:
+                step.status = StepStatus.WOULD_CHECK
+                result.evidence = would_check(plan, self.expectations, self.kinds)
+            result.message = (f"check mode: would run {len(result.evidence)} group(s) of checks on "
+                              f"{len(plan.instances)} instance(s)")
+            return
         assert run.session is not None
         self.fleet.progress(plan.name, "probing instances")
         units = [f"{i.unit}.service" for i in plan.instances]

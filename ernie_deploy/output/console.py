@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -12,9 +13,18 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """The reader went away (`| head`): rich would exit 1 here; the command line's one handler
+        (cli/main.py) stops every such case the same way."""
+        self.quiet = True
+        raise BrokenPipeError(errno.EPIPE, "the reader of the output went away")
+
+
 # Rich falls back to 80 columns when output is piped, which truncates plan tables; use COLUMNS or 140.
 _WIDTH = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "140"))
-out = Console(highlight=False, width=_WIDTH)
+out = _Console(highlight=False, width=_WIDTH)
 err = Console(stderr=True, highlight=False, soft_wrap=True)  # errors stay one greppable line
 
 
@@ -60,7 +70,8 @@ def status(message: str) -> Iterator[None]:
 
 
 class HostProgress:
-    """Live per-host status on stderr while long multi-host work runs (plain lines when not a terminal)."""
+    """Live per-host status on stderr while long multi-host work runs, on a terminal only: piped or logged, a
+    run prints its results and nothing of its progress (the issue's Output rule, as Ansible does)."""
 
     def __init__(self, title: str) -> None:
         import threading
@@ -83,8 +94,6 @@ class HostProgress:
             self.state[host] = what
             if self._live is not None:
                 self._live.update(self._render())
-            else:
-                err.print(f"{host}: {what}", markup=False)
 
     def __enter__(self) -> HostProgress:
         if self._live is not None:

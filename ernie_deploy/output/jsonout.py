@@ -12,6 +12,8 @@ from ernie_deploy.output.schemas import RESULTS_SCHEMA
 # v2: each host carries its steps, the release a change recorded, leftover units and drop-ins.
 # v3: rollouts: each host's batch, per-instance phase timings and rollback actions; the document's "rollout"
 # (batches, done, stopped, refused, resumed); each step's ended_at (epoch seconds).
+# v4: the rollout's "how" (how its batches were formed) and "out_of_rotation" (host → units left out of the
+# load balancer: pre-drain ran, post-ready did not).
 
 
 def step_json(s: Step) -> dict[str, Any]:
@@ -34,6 +36,7 @@ def host_json(r: HostResult) -> dict[str, Any]:
     }
 
 
-def results_document(command: str, results: Sequence[HostResult], exit_code: int, **extra: Any) -> dict[str, Any]:
-    return {"schema": RESULTS_SCHEMA, "command": command, **extra, "exit_code": exit_code,
+def results_document(command: str, results: Sequence[HostResult], exit_code: int, schema: str = RESULTS_SCHEMA,
+                     **extra: Any) -> dict[str, Any]:
+    return {"schema": schema, "command": command, **extra, "exit_code": exit_code,
             "hosts": [host_json(r) for r in results]}

@@ -6,13 +6,16 @@ from collections.abc import Mapping, Sequence
 
 from ernie_deploy.orchestration.details import ProvisionReport
 from ernie_deploy.orchestration.results import HostResult
+from ernie_deploy.orchestration.steps import StepStatus
 from ernie_deploy.output import console
 from ernie_deploy.output.remote import host_error
 from ernie_deploy.output.schemas import PROVISION_SCHEMA
 
 
 def show_provision(results: Sequence[HostResult], reports: Mapping[str, ProvisionReport], code: int, *, check: bool,
-                   json: bool) -> None:
+                   json: bool, verbose: int = 0) -> None:
+    """Per host its status, what changed (or would), and any error; -v adds the steps that found everything in
+    place."""
     if json:
         console.print_json({"schema": PROVISION_SCHEMA, "check": check, "exit_code": code, "hosts": {
             r.host: {"status": r.status.value, "error": r.message or None, "hint": r.hint,
@@ -22,6 +25,8 @@ def show_provision(results: Sequence[HostResult], reports: Mapping[str, Provisio
     for r in results:
         console.out.print(f"{r.host}: {r.status.value}", markup=False, highlight=False)
         for a in reports[r.host].actions:
+            if a["status"] == StepStatus.OK and not verbose:
+                continue
             console.out.print(f"    {a['step']}: {a['status']}: {a['detail']}", markup=False, highlight=False)
         error = host_error(r)
         if error:

@@ -11,7 +11,7 @@ from ernie_deploy.orchestration.rollout import Report
 from ernie_deploy.output import console
 from ernie_deploy.output.jsonout import results_document
 from ernie_deploy.output.recap import show_checks, show_recap, show_results, show_rollout
-from ernie_deploy.output.schemas import FACTS_SCHEMA, RELEASES_SCHEMA
+from ernie_deploy.output.schemas import FACTS_SCHEMA, RELEASES_SCHEMA, VERIFY_SCHEMA
 from ernie_deploy.planning.drivers import DriverVerdict
 from ernie_deploy.remote.facts import HostFacts
 from ernie_deploy.remote.releases import Release
@@ -35,7 +35,8 @@ def say_accept_new(check: bool) -> None:
 
 def report_json(report: Report) -> dict[str, object]:
     return {"batches": report.batches, "done": [k + 1 for k in report.done], "stopped": report.stopped or None,
-            "refused": report.refused, "resumed": report.resumed}
+            "refused": report.refused, "resumed": report.resumed, "how": report.how or None,
+            "out_of_rotation": report.rotation.snapshot()}
 
 
 def show_outcome(command: str, results: list[HostResult], code: int, report: Report, *, json: bool, check: bool,
@@ -45,13 +46,13 @@ def show_outcome(command: str, results: list[HostResult], code: int, report: Rep
         console.print_json(results_document(command, results, code, check=check, rollout=report_json(report)))
     else:
         show_results(results, verbose=verbose)
-        show_rollout(report, results)
+        show_rollout(report, results, verbose)
         show_recap(results)
 
 
 def show_verify(results: list[HostResult], code: int, *, json: bool, verbose: int) -> None:
     if json:
-        console.print_json(results_document("verify", results, code))
+        console.print_json(results_document("verify", results, code, schema=VERIFY_SCHEMA))
     else:
         show_checks(results, verbose=verbose)
         show_recap(results)
@@ -62,7 +63,8 @@ def show_releases(listed: Sequence[tuple[HostResult, list[Release], str | None]]
         console.print_json({"schema": RELEASES_SCHEMA, "hosts": {
             r.host: {"error": host_error(r), "current": now,
                      "releases": [{"id": x.id, "time": x.time, "user": x.user, "command": x.command,
-                                   "changed": list(x.changed), "files": x.files} for x in kept]}
+                                   "changed": list(x.changed), "files": x.files,
+                                   "failed": x.failed.to_json() if x.failed else None} for x in kept]}
             for r, kept, now in listed}})
         return
     for r, kept, now in listed:
@@ -76,6 +78,9 @@ def show_releases(listed: Sequence[tuple[HostResult, list[Release], str | None]]
             mark = "  (current)" if x.id == now else ""
             console.out.print(f"    {x.id}  {x.time}  {x.user}  {x.command}  changed: {changed}{mark}",
                               markup=False)
+            if x.failed is not None:
+                console.out.print(f"      FAILED: {x.failed.describe()} (rollback --to {x.id} asks for --force)",
+                                  markup=False)
         console.out.print("".join(f"    {note}\n" for note in r.evidence), markup=False, end="")
 
 
@@ -100,13 +105,19 @@ def show_facts(results: Sequence[tuple[HostResult, HostFacts | None]],
                f"{facts.gpus[0].driver})" if facts.gpus else f"no GPUs ({facts.gpu_error})"
         link = {True: "NVLink", False: "PCIe only", None: "n/a"}[facts.nvlink]
         arch = (facts.model_config or {}).get("architectures") or facts.model_error
-        console.out.print(f"{r.host}: {gpus}, {link}; systemd {facts.systemd_version}; vLLM "
-                          f"{facts.vllm_version or facts.vllm_error}; model {arch}", markup=False)
+        installed = facts.vllm_version or facts.vllm_error
+        running = facts.running_versions()
+        vllm = f"{', '.join(running)} running ({installed} installed)" if running and running != [installed] \
+            else installed
+        console.out.print(f"{r.host}: {gpus}, {link}; systemd {facts.systemd_version}; vLLM {vllm}; model {arch}",
+                          markup=False)
         found = drivers[r.host]
         if found is not None:
             console.out.print(f"    {found[1].summary}", markup=False)
         for unit in facts.units.values():
-            console.out.print(f"    {unit.name}: {unit.active_state}/{unit.sub_state} pid {unit.main_pid} "
+            runs = facts.running.get(unit.name)
+            uses = f" vLLM {runs.version or '?'} ({runs.bin})" if runs else ""
+            console.out.print(f"    {unit.name}: {unit.active_state}/{unit.sub_state} pid {unit.main_pid}{uses} "
                               f"restarts {unit.n_restarts}", markup=False)
 
 

@@ -3,11 +3,14 @@ tasks, as ansible-playbook does), or the run JSON; and the prompt of a `pause` t
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
-from ernie_deploy.orchestration.playrun import TaskRun
-from ernie_deploy.orchestration.results import Status
+from ernie_deploy.orchestration.details import ProvisionReport
+from ernie_deploy.orchestration.playrun import TaskRun, action_line
+from ernie_deploy.orchestration.results import HostResult, Status
+from ernie_deploy.orchestration.steps import StepStatus
 from ernie_deploy.output import console
 from ernie_deploy.output.jsonout import host_json
 from ernie_deploy.output.recap import show_checks, show_results, show_rollout
@@ -28,18 +31,26 @@ def show_header(play: str, task: Task, *, check: bool) -> None:
                       markup=False, highlight=False)
 
 
-def show_task(rec: TaskRun, *, check: bool, verbose: int) -> None:
-    """A task's results as it ends, so a long playbook shows its progress as it goes."""
+def show_task(rec: TaskRun, *, check: bool, verbose: int, shown: set[tuple[str, str]] | None = None) -> None:
+    """A task's results as it ends, so a long playbook shows its progress as it goes: a line per host, changes
+    and problems (-v: every step). `shown`: the findings earlier tasks printed, not repeated."""
     if rec.note:
         show_header(rec.play, rec.task, check=check)
         console.out.print(f"[cyan]skipped[/]: {rec.note}", markup=True, highlight=False)
         return
+    results = rec.results if verbose or rec.task.action != "provision" else [_changes(r) for r in rec.results]
     if rec.task.action in ("verify", "gpu_check"):
-        show_checks(rec.results, verbose)
+        show_checks(results, verbose, shown)
     else:
-        show_results(rec.results, verbose)
+        show_results(results, verbose, shown)
     if rec.report is not None:
-        show_rollout(rec.report, rec.results)
+        show_rollout(rec.report, rec.results, verbose)
+
+
+def _changes(r: HostResult) -> HostResult:
+    """A provision task's result without the lines of steps that found everything in place (-v shows them)."""
+    ok = {action_line(a) for a in r.detail_of(ProvisionReport).actions if a["status"] == StepStatus.OK}
+    return dataclasses.replace(r, evidence=[line for line in r.evidence if line not in ok])
 
 
 def show_run(playbook: Path, records: Sequence[TaskRun], code: int, ended: str | None, *, check: bool,

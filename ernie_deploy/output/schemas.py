@@ -1,12 +1,14 @@
 """Every JSON document's schema name, apart so the command line can name them in --help without loading the
 renderers. (The rollout state file's own format name lives with that file, orchestration/resume.py.)"""
 
-RESULTS_SCHEMA = "ernie-deploy/deploy/v3"  # deploy, restart, rollback, verify
+RESULTS_SCHEMA = "ernie-deploy/deploy/v4"  # deploy, restart, rollback
+VERIFY_SCHEMA = "ernie-deploy/verify/v1"  # verify: the same host results; its checks are what it is read for
 PLAN_SCHEMA = "ernie-deploy/plan/v1"  # plan, explain
 RENDER_SCHEMA = "ernie-deploy/render/v1"
 EXPORT_SCHEMA = "ernie-deploy/export/v1"
 PROVISION_SCHEMA = "ernie-deploy/provision/v1"
-RELEASES_SCHEMA = "ernie-deploy/releases/v1"
-FACTS_SCHEMA = "ernie-deploy/facts/v2"  # v2: each host's driver check against its vLLM (docs/drivers.md)
+RELEASES_SCHEMA = "ernie-deploy/releases/v2"  # v2: each release's "failed" record (docs/releases.md)
+# facts v2: each host's driver check against its vLLM (docs/drivers.md); v3: the vLLM each running process uses
+FACTS_SCHEMA = "ernie-deploy/facts/v3"
 RUN_SCHEMA = "ernie-deploy/run/v1"
-STATUS_SCHEMA = "ernie-deploy/status/v1"
+STATUS_SCHEMA = "ernie-deploy/status/v2"  # v2: the vLLM the processes run, and the installed one

@@ -27,11 +27,12 @@ def show_status(results: Sequence[HostResult], reports: Mapping[str, StatusRepor
                 console.out.print(f"    {f.severity.value} [{f.code}] {f.message}", markup=False, highlight=False)
             continue
         changed = report.last_change_line()
-        console.out.print(f"{r.host}: vLLM {report.vllm or '?'}, release {report.release or '(none matches)'}, "
+        console.out.print(f"{r.host}: vLLM {report.vllm_line()}, release {report.release or '(none matches)'}, "
                           f"last change {changed}, lock {report.lock or 'free'}", markup=False, highlight=False)
         for inst in report.instances:
             up = f"up {inst['uptime_s']:.0f}s" if inst["uptime_s"] is not None else "not up"
-            console.out.print(f"    {inst['unit']}: {inst['state']} pid {inst['pid']} {up} restarts "
+            runs = f" vLLM {inst['vllm']}" if inst.get("vllm") else ""
+            console.out.print(f"    {inst['unit']}: {inst['state']} pid {inst['pid']}{runs} {up} restarts "
                               f"{inst['restarts']} health {inst['health'] or '-'} (GPUs "
                               f"{','.join(map(str, inst['gpus']))}, port {inst['port']})", markup=False,
                               highlight=False)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from ernie_deploy.errors import DeployError
+from ernie_deploy.errors import DeployError, InventoryError
 from ernie_deploy.planning.bulk import collector_paused
 from ernie_deploy.planning.cpubackend import cpu_findings, instance_binds
 from ernie_deploy.planning.findings import Finding, Severity
@@ -19,8 +19,18 @@ from ernie_deploy.planning.models import ModelSpec, bundled_model, load_model, s
 from ernie_deploy.planning.plantypes import Discovered, HostPlan, InstancePlan, Tuning
 from ernie_deploy.planning.recommend import Row, Table, load_table
 from ernie_deploy.planning.render import unsafe_values
-from ernie_deploy.planning.settings import DEFAULTS, Secret, Setting, host_secrets, inventory_settings, venv_bin
-from ernie_deploy.planning.validate import check_instance, check_sharing, memory_for
+from ernie_deploy.planning.settings import (
+    DEFAULTS,
+    MAX_PORT,
+    InputErrors,
+    Secret,
+    Setting,
+    host_secrets,
+    inventory_settings,
+    raise_all,
+    venv_bin,
+)
+from ernie_deploy.planning.validate import check_instance, check_sharing, check_topology, memory_for
 from ernie_deploy.planning.versions import Version, parse_version, version_facts
 
 
@@ -86,15 +96,15 @@ def _gpu(host: HostLike, catalog: Catalog) -> tuple[GpuType, int]:
     model = host.vars.get("gpu_model")
     count = host.vars.get("gpu_count")
     if not isinstance(model, str) or not model:
-        raise DeployError("gpu_model is not set", where=host.name,
-                          hint=f"set gpu_model to one of: {', '.join(catalog.names())}")
+        raise InventoryError("gpu_model is not set", where=host.name,
+                             hint=f"set gpu_model to one of: {', '.join(catalog.names())}")
     gpu = catalog.lookup(model)
     if gpu is None:
-        raise DeployError(f"unknown GPU model {model!r}", where=host.name,
-                          hint=f"use an nvidia-smi name from the catalog: {', '.join(catalog.names())}")
+        raise InventoryError(f"unknown GPU model {model!r}", where=host.name,
+                             hint=f"use an nvidia-smi name from the catalog: {', '.join(catalog.names())}")
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise DeployError(f"gpu_count must be a positive integer, got {count!r}", where=host.name,
-                          hint="set gpu_count to the number of GPUs in the host")
+        raise InventoryError(f"gpu_count must be a positive integer, got {count!r}", where=host.name,
+                             hint="set gpu_count to the number of GPUs in the host")
     return gpu, count
 
 
@@ -150,8 +160,17 @@ class HostInputs:
 def read_inputs(host: HostLike, ctx: PlanContext) -> HostInputs:
     """The host's inventory, checked; raises DeployError on bad input."""
     where = host.name
-    inv = inventory_settings(host.vars, where)
-    gpu, gpu_count = _gpu(host, ctx.catalog)
+    problems: list[InventoryError] = []
+    inv: dict[str, Any] = {}
+    try:
+        inv = inventory_settings(host.vars, where)
+    except InventoryError as exc:
+        problems += exc.problems if isinstance(exc, InputErrors) else [exc]
+    try:
+        gpu, gpu_count = _gpu(host, ctx.catalog)
+    except InventoryError as exc:
+        problems.append(exc)
+    raise_all(problems, where)  # every input problem at once, before anything is derived from them
     table = ctx.table
     row = table.match(gpu, gpu_count)
     base = {**DEFAULTS, **table.defaults, **(row.settings if row else {}), **inv}
@@ -169,9 +188,12 @@ def read_inputs(host: HostLike, ctx: PlanContext) -> HostInputs:
     # One venv per version, so a version change is a unit change (docs/provisioning.md).
     bin_ = str(base["bin"]) if "bin" in base else venv_bin(version_text)
     version = parse_version(version_text, f"{where}: vllm_version")
-    count = int(base["instances"])
-    if count < 1:
-        raise DeployError(f"vllm_instances must be ≥ 1, got {count}", where=where)
+    count, port = int(base["instances"]), int(base.get("port", 8000))
+    if port + count - 1 > MAX_PORT:
+        raise InventoryError(f"vllm_port {port} with vllm_instances {count} puts the last instance on port "
+                             f"{port + count - 1}, above {MAX_PORT}", where=where,
+                             hint=f"set vllm_port to {MAX_PORT - count + 1} or lower (instance k listens on "
+                                  "vllm_port + k)")
     secrets = host_secrets(host.vars, where)
     if "api_key" in base:
         secrets["VLLM_API_KEY"] = base["api_key"]
@@ -198,15 +220,17 @@ def build_plan(inputs: HostInputs, ctx: PlanContext, discovered: Discovered | No
         return _failed(inputs.host, exc)
 
 
-def input_error(exc: DeployError) -> Finding:
-    return Finding(Severity.ERROR, "input", exc.message, fix=exc.hint)
+def input_errors(exc: DeployError) -> list[Finding]:
+    """One finding per input problem: InputErrors carries several, each with its own fix."""
+    problems = exc.problems if isinstance(exc, InputErrors) else (exc,)
+    return [Finding(Severity.ERROR, "input", p.message, fix=p.hint) for p in problems]
 
 
 def _failed(host: HostLike, exc: DeployError) -> HostPlan:
     return HostPlan(
         name=host.name, address=host.address, gpu=None, gpu_count=0, row=None, profile=None, model=None,
         model_path="", version="", bin="", user="", drain_timeout=0, env={}, secrets={}, settings={},
-        tuning=_tuning(DEFAULTS), instances=(), findings=(input_error(exc),),  # never rolled out: defaults do
+        tuning=_tuning(DEFAULTS), instances=(), findings=tuple(input_errors(exc)),  # never rolled out: defaults do
     )
 
 
@@ -290,6 +314,10 @@ def _build(inputs: HostInputs, ctx: PlanContext, discovered: Discovered | None) 
     findings: list[Finding] = []
     for inst in instances:
         findings += check_instance(inst, model, gpu, gpu_count, version, version_text)
+    if instances and instances[0].cpu_kvcache_space is None and all(f.severity is not Severity.ERROR
+                                                                    for f in findings):
+        # GPU layout advice, once per host; instances on vLLM's CPU backend have no GPUs to waste.
+        findings += check_topology(instances, model, gpu, gpu_count)
     findings += check_sharing(instances, gpu, version)
     findings += _layout_findings(instances, gpu_count, bool(value("share_gpus")))
     env = dict(value("env", {}))

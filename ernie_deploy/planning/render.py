@@ -1,8 +1,10 @@
 """Rendering: a HostPlan → systemd unit and 0600 environment file per instance (Jinja2, StrictUndefined).
 
 Every value that reaches a unit file is validated or escaped here, in one place: systemd expands `%`
-specifiers and `$VAR` references in ExecStart=, splits words on whitespace and honours C-style escapes
-inside double quotes (systemd.service(5), "Command lines"; systemd.unit(5), "Specifiers").
+specifiers in every field it loads with them (Description=, Environment=, ExecStart=, …), expands `$VAR`
+references in ExecStart= only, splits words on whitespace and honours C-style escapes inside double quotes
+(systemd.service(5), "Command lines"; systemd.exec(5), Environment=; systemd.unit(5), "Specifiers"). The
+rules each escape relies on, with their sources: docs/systemd.md#values-in-unit-files.
 """
 
 from __future__ import annotations
@@ -62,10 +64,30 @@ def _reject_control(value: str, what: str, host: str, *, secret: bool = False) -
 
 
 def systemd_word(value: str, what: str, host: str) -> str:
-    """One ExecStart=/Environment= word, escaped so systemd passes it through byte for byte."""
+    """One ExecStart= word, escaped so systemd passes it through byte for byte: `$` is doubled because
+    ExecStart= expands `$NAME` and `${NAME}`."""
     _reject_control(value, what, host)
-    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$")
+    return _quoted_word(value.replace("$", "$$"))
+
+
+def environment_word(value: str, what: str, host: str) -> str:
+    """One Environment= word (`KEY=value`), escaped so the process gets the value byte for byte. `$` stays
+    as it is: Environment= does no variable expansion, so a doubled `$` would arrive doubled."""
+    _reject_control(value, what, host)
+    return _quoted_word(value)
+
+
+def _quoted_word(value: str) -> str:
+    """Backslashes and double quotes escaped (C escapes inside double quotes), `%` doubled (specifiers), and
+    the word double-quoted unless it is plain."""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
     return escaped if _PLAIN_WORD.fullmatch(escaped) else f'"{escaped}"'
+
+
+def no_specifiers(text: str) -> str:
+    """Text for a unit field systemd loads with specifier expansion (Description=, User=, paths): `%h` would
+    become the user's home directory, so every `%` is doubled."""
+    return text.replace("%", "%%")
 
 
 def unescape_word(word: str) -> str:
@@ -95,7 +117,7 @@ def _env_assignment(key: str, value: str, host: str) -> str:
     if not _ENV_KEY.fullmatch(key):
         raise RenderError(f"environment variable name {key!r} is not valid", where=host,
                           hint="use letters, digits and underscores, not starting with a digit")
-    return systemd_word(f"{key}={value}", f"environment variable {key}", host)
+    return environment_word(f"{key}={value}", f"environment variable {key}", host)
 
 
 def _env_file_line(key: str, value: str, host: str) -> str:
@@ -228,11 +250,16 @@ def render_host(plan: HostPlan, env: jinja2.Environment) -> list[RenderedFile]:
     files = []
     for inst in plan.instances:
         env_file = f"{ENV_DIR}/{inst.unit}.env"
-        context = {
-            "host": plan.name, "row": plan.row or "computed fallback", "profile": plan.profile,
+        # Text a template may place in any field: specifiers escaped, so `%h` in a name arrives as `%h`.
+        text = {
+            "host": plan.name, "row": plan.row or "computed fallback", "profile": plan.profile or "",
             "version": plan.version, "unit": inst.unit, "served_model_name": inst.served_model_name,
-            "port": inst.port, "user": plan.user, "environment": environment(plan, inst), "env_file": env_file,
-            "exec_start": exec_start(plan, inst), "stop_timeout": plan.drain_timeout + 15,
+            "user": plan.user, "env_file": env_file,
+        }
+        context = {
+            **{key: no_specifiers(value) for key, value in text.items()},
+            "port": inst.port, "environment": environment(plan, inst), "exec_start": exec_start(plan, inst),
+            "stop_timeout": plan.drain_timeout + 15,
         }
         secrets = [_env_file_line(k, s.reveal(), plan.name) for k, s in sorted(plan.secrets.items())]
         try:

@@ -7,7 +7,8 @@ variable named `vllm_<setting>`; `explain` shows which.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,23 +39,49 @@ class Secret:
 
 
 @dataclass(frozen=True)
+class Bounds:
+    """The values a numeric setting may take: from `low` (excluded when `low_open`) to `high`, and the fix."""
+
+    low: float
+    high: float = math.inf
+    low_open: bool = False
+    fix: str = ""
+
+    def holds(self, value: float) -> bool:
+        above = value > self.low if self.low_open else value >= self.low
+        return math.isfinite(value) and above and value <= self.high
+
+    def describe(self) -> str:
+        low = f"above {self.low:g}" if self.low_open else f"at least {self.low:g}"
+        return low if math.isinf(self.high) else f"{low} and at most {self.high:g}"
+
+
+@dataclass(frozen=True)
 class SettingType:
     kind: type | tuple[type, ...]
     secret: bool = False
     item: type | None = None  # element type of lists, value type of dicts
     hint: str | None = None  # the fix for a value of the wrong type, where the type alone does not say it
+    bounds: Bounds | None = None  # numeric settings: the range `plan` accepts
+
+
+# The last TCP port; instance k listens on vllm_port + k (planning/plan.py checks the last one too).
+MAX_PORT = 65535
 
 
 # The type of each setting; inventory variables are `vllm_` + name (secrets: see SECRET_VARS).
 SETTING_TYPES: dict[str, SettingType] = {
     "profile": SettingType(str),
-    "max_model_len": SettingType(int),
-    "tensor_parallel_size": SettingType(int),
-    "pipeline_parallel_size": SettingType(int),
-    "gpu_memory_utilization": SettingType((int, float)),
-    "instances": SettingType(int),
+    "max_model_len": SettingType(int, bounds=Bounds(1, fix="to the context length in tokens, e.g. 4096, "
+                                                               "or remove it to use the model's own")),
+    "tensor_parallel_size": SettingType(int, bounds=Bounds(1, fix="to the GPUs per instance, e.g. 1")),
+    "pipeline_parallel_size": SettingType(int, bounds=Bounds(1, fix="to 1 (one pipeline stage) or more")),
+    # vLLM takes this fraction of each GPU's memory: 0 leaves no room for weights, above 1 is more than exists.
+    "gpu_memory_utilization": SettingType((int, float), bounds=Bounds(0, 1, low_open=True,
+                                                                      fix="to a fraction, e.g. 0.9")),
+    "instances": SettingType(int, bounds=Bounds(1, fix="to 1 or more")),
     "share_gpus": SettingType(bool),
-    "port": SettingType(int),
+    "port": SettingType(int, bounds=Bounds(1, MAX_PORT, fix="to a free TCP port, e.g. 8000")),
     "host": SettingType(str),
     "model": SettingType(str),
     "model_config": SettingType(str),
@@ -65,10 +92,13 @@ SETTING_TYPES: dict[str, SettingType] = {
     "extra_args": SettingType(list, item=str),
     "user": SettingType(str),
     "env": SettingType(dict, item=str),
-    "drain_timeout": SettingType(int),
-    "startup_budget": SettingType((int, float)),
-    "keep_releases": SettingType(int),
-    "stable_seconds": SettingType((int, float)),
+    "drain_timeout": SettingType(int, bounds=Bounds(0, fix="to the seconds vLLM may drain, e.g. 30")),
+    "startup_budget": SettingType((int, float), bounds=Bounds(0, low_open=True,
+                                                              fix="to the seconds a start may take, e.g. 600")),
+    "keep_releases": SettingType(int, bounds=Bounds(1, fix="to 1 or more, e.g. 5")),
+    "stable_seconds": SettingType((int, float), bounds=Bounds(0, fix="to 0 or more seconds, e.g. 10")),
+    # Read by the rollout (orchestration/rollout.py: one value for all hosts in scope), not by the plan.
+    "serial": SettingType((int, str), hint="a host count, a percentage (30%), a list (1,2,50%) or all"),
     "allow_fallback": SettingType(bool),
     "api_key": SettingType(str, secret=True),
     # Provisioning (docs/provisioning.md): where vLLM and the model come from.
@@ -143,21 +173,59 @@ def check_type(name: str, value: Any, where: str) -> Any:
         shown = "[REDACTED]" if spec.secret else repr(value)
         raise InventoryError(f"vllm_{name} must be {wanted}, got {type(value).__name__} {shown}", where=where,
                              hint=spec.hint)
+    if spec.bounds is not None and not spec.bounds.holds(value):
+        raise InventoryError(f"vllm_{name} must be {spec.bounds.describe()}, got {value!r}", where=where,
+                             hint=f"set vllm_{name} {spec.bounds.fix}")
     return Secret(value) if spec.secret else value
 
 
+class InputErrors(InventoryError):
+    """Every problem found in one host's variables, so one run names them all."""
+
+    def __init__(self, problems: Sequence[InventoryError], where: str) -> None:
+        self.problems = tuple(problems)
+        lines = "".join(f"\n  - {p.message}" + (f" (fix: {p.hint})" if p.hint else "") for p in self.problems)
+        super().__init__(f"{len(self.problems)} problems in its variables:{lines}", where=where,
+                         hint="fix each of them, then run again")
+
+
+def raise_all(problems: Sequence[InventoryError], where: str) -> None:
+    """Raise the one problem as it is, several as one InputErrors; nothing when there are none."""
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        raise InputErrors(problems, where)
+
+
+# Variables every plan needs, read without the vllm_ prefix: when one is not set, a near miss is its typo.
+REQUIRED_VARS = ("gpu_model", "gpu_count")
+
+
 def inventory_settings(host_vars: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """The vllm_* settings a host's variables set, validated; unknown vllm_* names are errors."""
+    """The vllm_* settings a host's variables set, validated. Raises every problem at once: unknown vllm_*
+    names and near misses of gpu_model and gpu_count, each with the closest known name, and
+    values of the wrong type or out of range."""
     found: dict[str, Any] = {}
+    problems: list[InventoryError] = []
+    known = [f"vllm_{n}" for n in SETTING_TYPES]
     for var, value in host_vars.items():
         if not var.startswith("vllm_"):
+            close = difflib.get_close_matches(var, [v for v in REQUIRED_VARS if v not in host_vars], n=1, cutoff=0.8)
+            if close:
+                problems.append(InventoryError(f"unknown variable {var}", where=where,
+                                               hint=f"did you mean {close[0]}?"))
             continue
         name = var.removeprefix("vllm_")
         if name not in SETTING_TYPES:
-            close = difflib.get_close_matches(var, [f"vllm_{n}" for n in SETTING_TYPES], n=1)
-            raise InventoryError(f"unknown variable {var}", where=where,
-                                 hint=f"did you mean {close[0]}?" if close else "see docs/variables.md")
-        found[name] = check_type(name, value, where)
+            close = difflib.get_close_matches(var, known, n=1)
+            problems.append(InventoryError(f"unknown variable {var}", where=where,
+                                           hint=f"did you mean {close[0]}?" if close else "see docs/variables.md"))
+            continue
+        try:
+            found[name] = check_type(name, value, where)
+        except InventoryError as exc:
+            problems.append(exc)
+    raise_all(problems, where)
     return found
 
 

@@ -128,10 +128,7 @@ def check_memory(inst: InstancePlan, model: ModelSpec, gpu: GpuType, version: Ve
     m = inst.memory
     if m is None:
         return []
-    u = inst.gpu_memory_utilization
-    if not 0 < u <= 1:
-        return [Finding(Severity.ERROR, "gpu-memory-utilization", f"gpu_memory_utilization must be in (0, 1], got {u}",
-                        fix="set vllm_gpu_memory_utilization to e.g. 0.9", instance=inst.unit)]
+    u = inst.gpu_memory_utilization  # in (0, 1]: settings.SETTING_TYPES bounds it wherever it is set
     if m.cpu_kvcache_space is not None:
         return _check_cpu_memory(inst, m, model)
     if m.weights_per_gpu > m.gpu_total_bytes:
@@ -291,19 +288,24 @@ def _arch_fix(arch: str, known: list[str], note: str) -> str:
     return f"pin a vLLM version that supports it ({note or 'see the vLLM model registry'})"
 
 
-def check_topology(inst: InstancePlan, model: ModelSpec, gpu: GpuType, gpu_count: int) -> list[Finding]:
-    """Advice, not errors: layouts that start fine but waste the GPUs."""
+def check_topology(instances: Sequence[InstancePlan], model: ModelSpec, gpu: GpuType, gpu_count: int) -> list[Finding]:
+    """Advice, not errors: layouts that start fine but waste the GPUs. Every instance of a host has the same
+    layout, so each piece of advice is given once per host, in numbers for the GPUs its instances use."""
+    if not instances:
+        return []
+    inst = instances[0]
     out = []
     tp = inst.tensor_parallel_size
+    used = len(instances) * tp * inst.pipeline_parallel_size  # GPUs the host's instances take now
     if tp > 2 and not gpu.nvlink:
+        pairs = used // 2
         out.append(Finding(
             Severity.ADVICE, "tp-pcie",
             f"TP {tp} on PCIe-only {gpu.name} GPUs: vLLM turns custom all-reduce off and all-reduces over PCIe",
             vllm_message=("Custom allreduce is disabled because it's not supported on more than two PCIe-only "
                           "GPUs. To silence this warning, specify disable_custom_all_reduce=True explicitly."),
-            fix=f"use {gpu_count // 2} replicas of TP 2 (vllm_instances: {gpu_count // 2}, "
-                "vllm_tensor_parallel_size: 2)" if gpu_count >= 4 else "use TP 2 or less",
-            instance=inst.unit))
+            fix=f"use {pairs} replicas of TP 2 on the same {used} GPUs (vllm_instances: {pairs}, "
+                "vllm_tensor_parallel_size: 2)"))
     if tp > 1 and inst.max_model_len is not None:
         single = estimate(model, gpu_name=gpu.name, gpu_total_bytes=gpu.memory_bytes,
                           utilization=inst.gpu_memory_utilization, tp=1, pp=1, max_model_len=inst.max_model_len)
@@ -313,9 +315,8 @@ def check_topology(inst: InstancePlan, model: ModelSpec, gpu: GpuType, gpu_count
                 f"{model.name} fits one {gpu.name} at max_model_len {inst.max_model_len} "
                 f"({single.weights_per_gpu / GIB:.2f} GiB of weights, maximum concurrency "
                 f"{single.max_concurrency:.2f}x on one GPU); with TP {tp} the GPUs spend time talking to each other",
-                fix=f"run {tp} replicas with TP 1 instead (vllm_tensor_parallel_size: 1, vllm_instances: "
-                    f"{tp * max(1, gpu_count // tp) if gpu_count >= tp else tp})",
-                instance=inst.unit))
+                fix=f"run {used} replicas of TP 1 on the same {used} GPUs instead (vllm_instances: {used}, "
+                    "vllm_tensor_parallel_size: 1)"))
     return out
 
 
@@ -325,9 +326,6 @@ def check_instance(inst: InstancePlan, model: ModelSpec, gpu: GpuType, gpu_count
     findings += check_versioned(inst, model, version, version_text)
     if not findings or all(f.severity is not Severity.ERROR for f in findings):
         findings += check_memory(inst, model, gpu, version, gpu_count)
-        if inst.cpu_kvcache_space is None:
-            # GPU layout advice; an instance on vLLM's CPU backend has no GPUs to waste.
-            findings += check_topology(inst, model, gpu, gpu_count)
     return findings
 
 

@@ -61,6 +61,11 @@ class Intent(Protocol):
         return self.op.value
 
 
+# Seconds a host may answer nothing while a command runs before it is UNREACHABLE (--host-timeout); a command
+# may run longer than that (its own `timeout`) as long as the host answers (remote/ssh.py asks it).
+HOST_TIMEOUT = 60.0
+
+
 @dataclass(frozen=True)
 class Command:
     intent: Intent

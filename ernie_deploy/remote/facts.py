@@ -49,11 +49,14 @@ for f in {UNIT_DIR}/{UNIT_GLOB}; do [ -f "$f" ] || continue
   set -- "$@" "${{f##*/}}" "${{addr:-0.0.0.0}}" "${{port:-8000}}"
 done
 [ $# -eq 0 ] || python3 -c {q(http.PROGRAM)} "$@" 2>&1; }} > "$t/health" &
+{{ {running_script()}; }} > "$t/running" 2>/dev/null &
 m systemd; systemctl --version 2>&1 | head -n 1
 m files
 for f in {UNIT_DIR}/{UNIT_GLOB} {ENV_DIR}/ernie-vllm-*.env; do [ -f "$f" ] && sha256sum "$f"; done
 m mtimes
 for f in {UNIT_DIR}/{UNIT_GLOB} {ENV_DIR}/ernie-vllm-*.env; do [ -f "$f" ] && stat -c '%Y %n' "$f"; done
+m ctimes
+for f in {UNIT_DIR}/{UNIT_GLOB} {ENV_DIR}/ernie-vllm-*.env; do [ -f "$f" ] && stat -c '%Z %n' "$f"; done
 m units
 for f in {UNIT_DIR}/{UNIT_GLOB}; do [ -f "$f" ] && {show} && echo; done
 m dropins
@@ -73,20 +76,41 @@ m gpus; cat "$t/gpus"
 m topo; cat "$t/topo"
 m health; cat "$t/health"
 m vllm; cat "$t/vllm"
+m running; cat "$t/running"
 m end
 """
 
 
-def version_script(vllm_bin: str) -> str:
-    """The installed vLLM version, from the package metadata of the interpreter in the `vllm` script's shebang
-    (milliseconds), not `vllm --version`, which imports torch first and takes 14-24 s with real vLLM 0.33;
-    that stays the fallback (a shebang through /usr/bin/env, or no metadata). Prints the version, then rc=."""
-    q = shlex.quote
-    return (f"py=$(head -n 1 {q(vllm_bin)} 2>/dev/null | "
+def metadata_version(bin_expr: str) -> str:
+    """Shell that sets $v to the vLLM version in the package metadata of the interpreter in the shebang of the
+    `vllm` script at `bin_expr` (shell text: quoted, or a "$var"), in milliseconds; empty when unknown."""
+    return (f"py=$(head -n 1 {bin_expr} 2>/dev/null | "
             "sed -n 's/^#![[:space:]]*\\([^[:space:]]*python[^[:space:]]*\\).*/\\1/p'); v=; "
             "if [ -n \"$py\" ] && [ -x \"$py\" ]; then "
-            "v=$(\"$py\" -c 'import importlib.metadata as m; print(m.version(\"vllm\"))' 2>/dev/null) || v=; fi; "
+            "v=$(\"$py\" -c 'import importlib.metadata as m; print(m.version(\"vllm\"))' 2>/dev/null) || v=; fi")
+
+
+def version_script(vllm_bin: str) -> str:
+    """The installed vLLM version, from the package metadata (metadata_version), not `vllm --version`, which
+    imports torch first and takes 14-24 s with real vLLM 0.33; that stays the fallback (a shebang through
+    /usr/bin/env, or no metadata). Prints the version, then rc=."""
+    q = shlex.quote
+    return (f"{metadata_version(q(vllm_bin))}; "
             f"if [ -n \"$v\" ]; then echo \"$v\"; echo rc=0; else {q(vllm_bin)} --version 2>&1; echo \"rc=$?\"; fi")
+
+
+def running_script() -> str:
+    """Per running managed unit, the `vllm` program its main process runs (from /proc/PID/cmdline: the script
+    is argv[1] behind its interpreter, or argv[0]) and that program's version: after a rollback the process can
+    run another venv than the default path has. One tab-separated line each: unit, program, version (empty
+    when unknown). No `vllm --version` fallback here: it would import torch once per instance."""
+    return (f"for f in {UNIT_DIR}/{UNIT_GLOB}; do [ -f \"$f\" ] || continue; u=${{f##*/}}; "
+            "pid=$(systemctl show -p MainPID --value \"$u\" 2>/dev/null); "
+            "case \"$pid\" in ''|0|*[!0-9]*) continue;; esac; "
+            "b=$(tr '\\000' '\\n' < /proc/\"$pid\"/cmdline 2>/dev/null | head -n 2 | grep -m 1 '/vllm$'); "
+            "[ -n \"$b\" ] || continue; "
+            + metadata_version('"$b"') + "; "
+            "printf '%s\\t%s\\t%s\\n' \"$u\" \"$b\" \"$v\"; done")
 
 
 @dataclass(frozen=True)
@@ -118,6 +142,14 @@ class GpuFact:
 
 
 @dataclass(frozen=True)
+class RunningVllm:
+    """The `vllm` program a unit's running process uses, and its version (None: unknown)."""
+
+    bin: str
+    version: str | None
+
+
+@dataclass(frozen=True)
 class HostFacts:
     gpus: tuple[GpuFact, ...] = ()
     gpu_error: str | None = None
@@ -139,6 +171,12 @@ class HostFacts:
     model_readable: bool | None = None  # can vllm_user read config.json (None: the user does not exist)
     mtimes: dict[str, int] = field(default_factory=dict)  # managed file → its mtime (epoch seconds)
     wall_now: float | None = None  # the host's clock (epoch seconds), to compare process starts with mtimes
+    ctimes: dict[str, int] = field(default_factory=dict)  # managed file → when its inode last changed (arrived)
+    running: dict[str, RunningVllm] = field(default_factory=dict)  # running unit → the vLLM its process uses
+
+    def running_versions(self) -> list[str]:
+        """The vLLM versions the running instances use (what serves), each once; "?" for one not known."""
+        return sorted({r.version or "?" for r in self.running.values()})
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -150,6 +188,7 @@ class HostFacts:
             "pending": list(self.pending), "dropins": self.dropins,
             "unit_gpus": {k: list(v) for k, v in self.unit_gpus.items()}, "health": self.health,
             "model_readable_by_user": self.model_readable,
+            "running_vllm": {u: {"bin": r.bin, "version": r.version} for u, r in self.running.items()},
         }
 
 
@@ -190,6 +229,23 @@ def parse_topology(body: str) -> bool | None:
     return all(re.fullmatch(r"NV\d+", cell) for cell in links)
 
 
+def parse_version(text: str) -> str | None:
+    # A PEP 440 version with its local label: the CPU build says 0.32.0+cpu, and the planner tells builds apart
+    # by that label (vLLM picks its CPU platform by the substring "cpu").
+    found = re.search(r"(\d+\.\d+(?:\.\d+)*(?:(?:a|b|rc)\d+)?(?:\.post\d+)?(?:\.dev\d+)?"
+                      r"(?:\+[0-9A-Za-z]+(?:\.[0-9A-Za-z]+)*)?)", text)
+    return found.group(1) if found else None
+
+
+def parse_running(body: str) -> dict[str, RunningVllm]:
+    out = {}
+    for line in body.splitlines():
+        parts = line.split("\t")
+        if len(parts) == 3 and parts[0] and parts[1]:
+            out[parts[0]] = RunningVllm(parts[1], parse_version(parts[2]) if parts[2].strip() else None)
+    return out
+
+
 def parse_facts(text: str) -> HostFacts:
     s = sections(text)
     gpus, gpu_error = parse_gpus(s.get("gpus", "rc=127"))
@@ -204,13 +260,7 @@ def parse_facts(text: str) -> HostFacts:
     else:
         model_error = model_text.splitlines()[-1] if model_text else "config.json not readable"
     vllm_text, vllm_rc = split_rc(s.get("vllm", "rc=127"))
-    version = None
-    if vllm_rc == 0:
-        # A PEP 440 version with its local label: the CPU build says 0.32.0+cpu, and the planner tells builds apart
-        # by that label (vLLM picks its CPU platform by the substring "cpu").
-        found = re.search(r"(\d+\.\d+(?:\.\d+)*(?:(?:a|b|rc)\d+)?(?:\.post\d+)?(?:\.dev\d+)?"
-                          r"(?:\+[0-9A-Za-z]+(?:\.[0-9A-Za-z]+)*)?)", vllm_text)
-        version = found.group(1) if found else None
+    version = parse_version(vllm_text) if vllm_rc == 0 else None
     systemd = re.match(r"systemd (\d+)", s.get("systemd", ""))
     return HostFacts(
         gpus=gpus, gpu_error=gpu_error, nvlink=parse_topology(s.get("topo", "")),
@@ -224,10 +274,15 @@ def parse_facts(text: str) -> HostFacts:
         health={u: rest for u, _, rest in (line.partition(" ") for line in s.get("health", "").splitlines()) if rest},
         now_us=int(s["now"]) if s.get("now", "").strip().isdigit() else None,
         model_readable={"readable": True, "unreadable": False}.get(s.get("modeluser", "").strip()),
-        mtimes={path: int(t) for t, _, path in (line.partition(" ") for line in s.get("mtimes", "").splitlines())
-                if t.isdigit() and path},
+        mtimes=_times(s.get("mtimes", "")), ctimes=_times(s.get("ctimes", "")),
+        running=parse_running(s.get("running", "")),
         wall_now=_float(s.get("wallnow", "")),
     )
+
+
+def _times(body: str) -> dict[str, int]:
+    """`stat -c '%Y %n'` (or %Z) lines: path → epoch seconds."""
+    return {path: int(t) for t, _, path in (line.partition(" ") for line in body.splitlines()) if t.isdigit() and path}
 
 
 def _float(text: str) -> float | None:
@@ -235,8 +290,6 @@ def _float(text: str) -> float | None:
         return float(text.strip())
     except ValueError:
         return None
-
-
 
 
 def _unit_gpus(body: str) -> dict[str, tuple[int, ...]]:

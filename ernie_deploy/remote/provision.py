@@ -23,6 +23,15 @@ DONE_MARK = ".ernie-deploy-venv"
 SERVICE_HOME = "/var/lib/vllm"
 
 
+def _disk_script(path: str, free: bool) -> str:
+    """The mount point (with `free`: free KiB, a space, then the mount point) of the file system `path` will
+    live on: that of its nearest existing directory. df -P prints one line per file system; the mount point is
+    what follows the fifth field, spaces and all."""
+    fields = "free=$4; for (i = 0; i < 5; i++) sub(/^[^ ]+ +/, \"\"); print " + ('free " " $0' if free else "$0")
+    return (f'd={shlex.quote(path)}; while [ ! -d "$d" ]; do d=$(dirname "$d"); done\n'
+            f"df -Pk \"$d\" 2>/dev/null | awk 'NR==2 {{{fields}}}'")
+
+
 def probe_script(spec: ProvisionSpec) -> str:
     q = shlex.quote
     venv = q(spec.venv)
@@ -42,6 +51,8 @@ m venvs; for d in {VENV_ROOT}/*/; do [ -f "$d{DONE_MARK}" ] && echo "${{d%/}}"; 
 m used; sed -n 's/^ExecStart=\\([^ ]*\\).*/\\1/p' {used} 2>/dev/null | sort -u
 {filesync.probe_script("model", spec.model_path)}
 {filesync.probe_script("wheels", WHEELHOUSE)}
+m venv-disk; {_disk_script(spec.venv, free=True)}
+m wheels-mount; {_disk_script(WHEELHOUSE, free=False)}
 m end
 """
 
@@ -62,6 +73,19 @@ def probe_command(spec: ProvisionSpec) -> Command:
 
 
 @dataclass(frozen=True)
+class Disk:
+    """The file system a path lives on: its mount point and free bytes (None: df said nothing readable)."""
+
+    mount: str
+    free_bytes: int | None
+
+
+def parse_disk(text: str) -> Disk:
+    free, _, mount = text.strip().partition(" ")
+    return Disk(mount.strip() or "?", int(free) * 1024 if free.isdigit() else None)
+
+
+@dataclass(frozen=True)
 class ProvisionFacts:
     driver: str | None
     driver_error: str | None
@@ -74,6 +98,8 @@ class ProvisionFacts:
     used: frozenset[str]  # venvs an installed unit or a kept release runs
     model: filesync.DirState
     wheels: filesync.DirState
+    venv_disk: Disk = Disk("?", None)  # where the venv will be installed
+    wheels_mount: str = "?"
 
 
 def parse_probe(text: str) -> ProvisionFacts:
@@ -91,6 +117,7 @@ def parse_probe(text: str) -> ProvisionFacts:
         venv=s.get("venv", "").strip() or "absent", version=version,
         venvs=tuple(s.get("venvs", "").split()), used=used,
         model=filesync.parse_dir_state(s, "model"), wheels=filesync.parse_dir_state(s, "wheels"),
+        venv_disk=parse_disk(s.get("venv-disk", "")), wheels_mount=s.get("wheels-mount", "").strip() or "?",
     )
 
 

@@ -7,8 +7,10 @@ secrets included: a rotated key comes back with an old release.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -21,6 +23,28 @@ from ernie_deploy.remote.state import pending_add, pending_remove
 
 MARK = marker("release-json")  # one kept release's record, on one line
 DIR_MARK = marker("release-dir")  # the directory the next record comes from
+FAILED_MARK = marker("release-failed")  # the failure record of the release before it, on one line
+FAILED_FILE = "failed.json"  # in a release's directory: written when a start on it failed and was rolled back
+
+
+@dataclass(frozen=True)
+class Failed:
+    """Why a release was rolled back on this host: its instance(s) failed to start on it."""
+
+    time: str  # UTC, ISO 8601
+    reason: str
+    units: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"time": self.time, "reason": self.reason, "units": list(self.units)}
+
+    def describe(self) -> str:
+        return f"failed at {self.time} on {', '.join(self.units) or 'this host'} and was rolled back: {self.reason}"
+
+
+def failure(units: Sequence[str], reason: str) -> Failed:
+    """A failure record stamped now."""
+    return Failed(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), reason, tuple(units))
 
 
 @dataclass(frozen=True)
@@ -31,6 +55,7 @@ class Release:
     command: str
     files: dict[str, str]  # path → sha256
     changed: tuple[str, ...]
+    failed: Failed | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Release:
@@ -48,7 +73,8 @@ class ListReleases(Intent):
     def render(self) -> str:
         return (f"for d in $(ls -1 {RELEASES_DIR} 2>/dev/null | grep -v '\\.tmp$' | sort); do "
                 f"printf '{DIR_MARK}%s\\n' \"$d\"; printf '{MARK}'; tr -d '\\n' < {RELEASES_DIR}/\"$d\"/release.json; "
-                "echo; done\n")
+                f"echo; if [ -f {RELEASES_DIR}/\"$d\"/{FAILED_FILE} ]; then printf '{FAILED_MARK}'; "
+                f"tr -d '\\n' < {RELEASES_DIR}/\"$d\"/{FAILED_FILE}; echo; fi; done\n")
 
 
 def list_command() -> Command:
@@ -71,16 +97,29 @@ class Kept(list[Release]):
 def parse_list(text: str) -> Kept:
     out, skipped = [], []
     name = None
+    read = False  # the last record was read: a failure record that follows is its
     for line in text.splitlines():
         if line.startswith(DIR_MARK):
-            name = line[len(DIR_MARK):].strip()
+            name, read = line[len(DIR_MARK):].strip(), False
         elif line.startswith(MARK):
             try:
                 out.append(Release.from_json(json.loads(line[len(MARK):])))
+                read = True
             except (ValueError, KeyError, TypeError):
                 skipped.append(name or "(unnamed)")
             name = None
+        elif line.startswith(FAILED_MARK) and read:
+            out[-1] = dataclasses.replace(out[-1], failed=parse_failed(line[len(FAILED_MARK):]))
     return Kept(out, skipped)
+
+
+def parse_failed(text: str) -> Failed:
+    """A failure record; one that cannot be read still marks its release as failed (the reason says so)."""
+    try:
+        data = json.loads(text)
+        return Failed(str(data["time"]), str(data["reason"]), tuple(str(u) for u in data.get("units", ())))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return Failed("?", "its failure record is unreadable")
 
 
 @dataclass(frozen=True)
@@ -192,6 +231,7 @@ class Undo(Intent):
     stop: tuple[str, ...]
     disable: tuple[str, ...]
     audit: dict[str, Any]
+    failed: tuple[str, Failed] | None = None  # the release that failed to start, marked so in its directory
 
     @property
     def units(self) -> tuple[str, ...]:
@@ -211,16 +251,25 @@ class Undo(Intent):
             lines.append("systemctl disable -q " + " ".join(q(u) for u in self.disable) + " || true")
         if self.units:
             lines.append(pending_remove(self.units))
+        if self.failed is not None:
+            rid, failed = self.failed
+            # Written beside the release's record: `releases` shows it and a rollback onto it asks for --force.
+            # A release pruned meanwhile has no directory left to mark; a mark that cannot be written (a full
+            # disk) must not fail the undo itself.
+            where = f"{RELEASES_DIR}/{rid}"
+            tmp, final = q(f"{where}/.{FAILED_FILE}"), q(f"{where}/{FAILED_FILE}")
+            lines.append(f"if [ -d {q(where)} ]; then {{ printf '%s\\n' {q(json.dumps(failed.to_json()))} > {tmp} "
+                         f"&& mv -f {tmp} {final}; }} || true; fi")
         lines.append(audit_line(self.audit))
         return "\n".join(lines) + "\n"
 
 
 def undo_command(restore: Mapping[str, Release], stop: tuple[str, ...], disable: tuple[str, ...],
-                 audit: dict[str, Any]) -> Command:
+                 audit: dict[str, Any], failed: tuple[str, Failed] | None = None) -> Command:
     """Undo a failed change on a host, atomically per file: each unit of `restore` back to its release (see
-    Undo)."""
+    Undo); `failed`: the release that failed to start and why, marked on the host."""
     back = {unit: restoring(release, (unit,)) for unit, release in restore.items()}
-    return Command(Undo(back, stop, disable, audit), timeout=3600)
+    return Command(Undo(back, stop, disable, audit, failed), timeout=3600)
 
 
 def unit_values(text: str) -> dict[str, str]:

@@ -11,6 +11,13 @@ every hop's host key is checked by the same rules as the target's.
 Commands (remote/command.py) run as `sh -c SCRIPT` (or `sudo -n sh -c SCRIPT` with become); data, secrets
 included, travels on stdin, never on a command line. HTTP probes of an instance run on the host too
 (remote/http.py), so this session is the only way ernie-deploy reaches a host.
+
+A host that stops answering (frozen, cut off) sends nothing, not even a TCP reset, so a read would wait for
+the command's whole timeout, or longer. While a command runs, the session asks the host for a sign of life
+every few seconds, as OpenSSH's ServerAliveInterval/ServerAliveCountMax do (ssh_config(5)), by opening a
+channel: sshd answers every channel open, with a confirmation or a failure (RFC 4254 section 5.1), however
+long the command stays quiet. A host that answers nothing for `Liveness.limit` seconds (`--host-timeout`) is
+UNREACHABLE, its connection is closed at once, and every later command on it fails at once.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import shlex
 import socket
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -33,7 +40,7 @@ import paramiko
 from fabric import Config, Connection
 
 from ernie_deploy.errors import DeployError, ExitCode
-from ernie_deploy.remote.command import Command
+from ernie_deploy.remote.command import HOST_TIMEOUT, Command
 from ernie_deploy.remote.hostkeys import HostKeyPolicy
 from ernie_deploy.remote.route import Route, route_from_vars
 
@@ -138,6 +145,78 @@ class _AcceptNew(paramiko.MissingHostKeyPolicy):
         log.warning("%s: accept-new recorded host key %s in %s", t.name, fingerprint(key), path)
 
 
+Silence = Callable[[float, float], None]  # (seconds without an answer, the limit); 0 s: it answers again
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """How long a host may answer nothing while a command runs; it is asked every `interval` seconds."""
+
+    limit: float = HOST_TIMEOUT
+
+    @property
+    def interval(self) -> float:
+        # Several questions per limit, so a slow answer is not mistaken for none; never a flood.
+        return max(0.2, min(15.0, self.limit / 4))
+
+
+class _Watch:
+    """Asks the host for a sign of life while one command runs: each question opens an SSH channel, which
+    sshd answers however long the command itself stays quiet. No answer for `limit` seconds since the last
+    one closes the connection, which ends the command's reads and writes at once."""
+
+    def __init__(self, transport: paramiko.Transport | None, liveness: Liveness, notify: Silence) -> None:
+        self.transport, self.liveness, self.notify = transport, liveness, notify
+        self.done = threading.Event()
+        self.silent = False
+
+    def __enter__(self) -> _Watch:
+        if self.transport is not None:  # None: not connected, nothing to watch (the command fails at once)
+            threading.Thread(target=self._loop, args=(self.transport,), name="ssh-liveness", daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+
+    def _loop(self, transport: paramiko.Transport) -> None:
+        interval, limit = self.liveness.interval, self.liveness.limit
+        answered, told = time.monotonic(), False
+        while not self.done.wait(max(0.0, answered + interval - time.monotonic())):
+            answer = threading.Event()
+            threading.Thread(target=self._ask, args=(transport, answer), name="ssh-liveness-ask",
+                             daemon=True).start()
+            while not answer.wait(max(0.0, min(interval, answered + limit - time.monotonic()))):
+                if self.done.is_set():
+                    return
+                quiet = time.monotonic() - answered
+                if quiet >= limit:
+                    self.silent = True
+                    _close_silent(transport)
+                    return
+                self.notify(quiet, limit)
+                told = True
+            answered = time.monotonic()
+            if told:
+                self.notify(0.0, limit)
+                told = False
+
+    def _ask(self, transport: paramiko.Transport, answer: threading.Event) -> None:
+        try:
+            transport.open_session(timeout=self.liveness.limit).close()
+        except paramiko.ChannelException:  # sshd refused the channel (MaxSessions): an answer all the same
+            pass
+        except (paramiko.SSHException, OSError, EOFError):  # no answer in time, or the connection is gone
+            return
+        answer.set()
+
+
+def _close_silent(transport: paramiko.Transport) -> None:
+    try:
+        transport.close()
+    except (OSError, paramiko.SSHException, EOFError):
+        log.debug("closing a silent connection failed", exc_info=True)
+
+
 @dataclass
 class Session:
     """An open SSH connection to one host; counts the commands it runs (-v prints the count)."""
@@ -147,29 +226,41 @@ class Session:
     commands: int = 0
     seconds: float = 0.0
     history: list[str] = field(default_factory=list)
+    liveness: Liveness = field(default_factory=Liveness)
+    on_silence: Silence | None = None  # told while the host answers nothing (a progress line)
+    lost: str | None = None  # why the connection was given up: later commands fail at once
 
     def run(self, cmd: Command) -> RunResult:
         """Run a command's script on the host (as root via `sudo -n` when the target needs become)."""
         command = f"sh -c {shlex.quote(cmd.script)}"
         if self.target.become:
             command = f"sudo -n -- {command}"
+        if self.lost is not None:
+            raise RemoteError(Failure.UNREACHABLE, f"{cmd.label} not sent: {self.lost}", where=self.target.name,
+                              hint=self._hint())
         self.commands += 1
         self.history.append(cmd.label)
         started = time.monotonic()
-        try:
-            chan_in, chan_out, chan_err = self.connection.client.exec_command(command, timeout=cmd.timeout)
-            if cmd.stdin:
-                chan_in.write(cmd.stdin)
-            for chunk in cmd.stream or ():
-                chan_in.write(chunk)
-            chan_in.channel.shutdown_write()
-            out, err = _read_both(chan_out, chan_err)
-            code = chan_out.channel.recv_exit_status()
-        except (TimeoutError, paramiko.SSHException, OSError) as exc:
-            raise RemoteError(Failure.UNREACHABLE, f"connection lost while running {cmd.label}: {exc}",
-                              where=self.target.name) from exc
-        finally:
-            self.seconds += time.monotonic() - started
+        client = self.connection.client
+        with _Watch(client.get_transport(), self.liveness, self._quiet) as watch:
+            try:
+                chan_in, chan_out, chan_err = client.exec_command(command, timeout=cmd.timeout)
+                if cmd.stdin:
+                    chan_in.write(cmd.stdin)
+                for chunk in cmd.stream or ():
+                    chan_in.write(chunk)
+                chan_in.channel.shutdown_write()
+                out, err = _read_both(chan_out, chan_err)
+                code = chan_out.channel.recv_exit_status()
+            except (TimeoutError, paramiko.SSHException, OSError, EOFError) as exc:
+                if not watch.silent:
+                    raise RemoteError(Failure.UNREACHABLE, f"connection lost while running {cmd.label}: {exc}",
+                                      where=self.target.name) from exc
+            finally:
+                self.seconds += time.monotonic() - started
+        if watch.silent:
+            self.lost = f"the host answered nothing for {self.liveness.limit:.0f}s (while running {cmd.label})"
+            raise RemoteError(Failure.UNREACHABLE, self.lost, where=self.target.name, hint=self._hint())
         result = RunResult(cmd.label, code, out, err)
         if cmd.check and code != 0:
             tail = "\n".join(err.decode(errors="replace").strip().splitlines()[-5:])
@@ -177,6 +268,14 @@ class Session:
             raise RemoteError(Failure.COMMAND, f"{cmd.label} exited {code}: {tail or '(no stderr)'}",
                               where=self.target.name, hint=hint)
         return result
+
+    def _quiet(self, quiet: float, limit: float) -> None:
+        if self.on_silence is not None:
+            self.on_silence(quiet, limit)
+
+    def _hint(self) -> str:
+        return (f"check that {self.target.name} is up and not overloaded; a slow but working host needs a longer "
+                f"--host-timeout (now {self.liveness.limit:.0f}s)")
 
     def close(self) -> None:
         _close_chain(self.connection)
@@ -225,13 +324,15 @@ def _prepare_client(client: paramiko.SSHClient, target: Target, policy: HostKeyP
 
 
 def connect(target: Target, *, policy: HostKeyPolicy = HostKeyPolicy.STRICT, timeout: float = 10.0,
-            retries: int = 2, record: bool = True) -> Session:
+            retries: int = 2, record: bool = True, host_timeout: float = HOST_TIMEOUT) -> Session:
     """Open a session, retrying only unreachable hosts (bounded, with backoff). record=False: accept-new
-    records nothing (check mode)."""
+    records nothing (check mode). host_timeout: how long the host may answer nothing while a command runs."""
     attempt = 0
     while True:
         try:
-            return _connect_once(target, policy, timeout, record)
+            session = _connect_once(target, policy, timeout, record)
+            session.liveness = Liveness(host_timeout)
+            return session
         except RemoteError as exc:
             if exc.kind is not Failure.UNREACHABLE or attempt >= retries:
                 raise

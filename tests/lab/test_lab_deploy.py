@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import signal
 import subprocess
@@ -159,6 +160,23 @@ def test_secret_change_diff_is_redacted_and_env_file_is_0600(
     assert "sk-lab-secret-1" not in text and "VLLM_API_KEY=[REDACTED]" in text
     assert "sk-lab-secret-1" not in lab.ssh("a10-1", "ps -eo args").stdout  # never on a command line
     assert lab.ssh("a10-1", "systemctl cat ernie-vllm-0.service | grep -c sk-lab").stdout.strip() == "0"
+
+
+def test_env_values_and_names_reach_the_process_byte_for_byte(
+        capsys: pytest.CaptureFixture[str], lab: Lab, deployed: LabState, tmp_path: Path) -> None:
+    """Issue 23: `$` arrived doubled and `%h` was expanded; the process's own environment is the judge."""
+    env = {"SINGLE": "it's", "DOUBLE": 'say "hi"', "DOLLAR": "$HOME ${HOME} $$", "SUBST": "$(id)`id`",
+           "PERCENT": "100%h %% %i", "BACKSLASH": "a\\b\\\\c\\n\\$x", "SPACES": "  two  spaces  ",
+           "HASH": "#not a comment", "MIXED": "'\"$%\\ #;"}
+    inv = write_inventory(deployed, tmp_path, **{"a10-1": {"vllm_env": env, "vllm_served_model_name": "lab%h"}})
+    rc, hosts = deploy(capsys, inv, "--limit", "a10-1")
+    assert rc == 0, hosts
+    pid = lab.ssh("a10-1", "systemctl show -p MainPID --value ernie-vllm-0.service").stdout.strip()
+    raw = base64.b64decode(lab.ssh("a10-1", f"base64 -w0 /proc/{pid}/environ").stdout)
+    environ = dict(item.split("=", 1) for item in raw.decode().split("\0") if item)
+    assert {k: environ.get(k) for k in env} == env
+    shown = lab.ssh("a10-1", "systemctl show -p Description --value ernie-vllm-0.service").stdout
+    assert shown.startswith("vLLM serving lab%h on port 8000")
 
 
 def test_host_with_wrong_gpu_count_fails_with_both_numbers_and_is_untouched(

@@ -64,6 +64,8 @@ def test_healthy_lab_passes_every_check_and_shows_the_tp(capsys: pytest.CaptureF
     assert int(suites.get("failures", "0") or 0) == 0 and len(suites.findall(".//testcase")) > 20
     capsys.readouterr()
     assert main(["verify", "-i", str(verified), "--limit", "a10-4"]) == 0
+    assert "Using tensor parallel size 4 ✓" not in capsys.readouterr().out  # a passing check is -v detail
+    assert main(["verify", "-i", str(verified), "--limit", "a10-4", "-v"]) == 0
     assert "Using tensor parallel size 4 ✓" in capsys.readouterr().out
 
 

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from .vllm_flags import FLAGS_032
+from .vllm_flags import FLAGS_032, Flag
 from .vllm_versions import Profile
 
 _DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
@@ -56,30 +56,51 @@ _TYPES: dict[str, Callable[[str], Any]] = {
 }
 
 
+# Flags whose presence depends on the version: a profile adds them itself, or not (vllm_versions.yml's flags).
+_VERSIONED = {"--shutdown-timeout", "--swap-space", "--disable-log-requests"}
+
+
+def _add_flag(p: argparse.ArgumentParser, flag: Flag) -> None:
+    """One real flag as vLLM 0.32 declares it (vllm_flags.py), typed where the simulator reads it."""
+    default = list(flag.default) if isinstance(flag.default, tuple) else flag.default
+    kw: dict[str, Any] = {"dest": flag.dest, "default": default}
+    if flag.kind == "flag":
+        kw["action"] = "store_true"
+    elif flag.kind == "bool":
+        kw["action"] = argparse.BooleanOptionalAction
+    elif flag.kind == "append":
+        kw["action"] = "append"
+    else:
+        kw["type"] = _TYPES.get(flag.dest, str)
+        if flag.kind != "value":
+            kw["nargs"] = flag.kind
+        if flag.choices:
+            kw["choices"] = flag.choices
+    if flag.options:
+        p.add_argument(*flag.options, **kw)
+    else:
+        kw.pop("dest")
+        p.add_argument(flag.dest, **kw)
+
+
 def _all_flags_parser() -> argparse.ArgumentParser:
     """Every real flag of the version (vllm_flags.py), the ones the simulator reads typed."""
     p = argparse.ArgumentParser(prog="vllm serve", usage="vllm serve [model_tag] [options]")
     for flag in FLAGS_032:
-        default = list(flag.default) if isinstance(flag.default, tuple) else flag.default
-        kw: dict[str, Any] = {"dest": flag.dest, "default": default}
-        if flag.kind == "flag":
-            kw["action"] = "store_true"
-        elif flag.kind == "bool":
-            kw["action"] = argparse.BooleanOptionalAction
-        elif flag.kind == "append":
-            kw["action"] = "append"
-        else:
-            kw["type"] = _TYPES.get(flag.dest, str)
-            if flag.kind != "value":
-                kw["nargs"] = flag.kind
-            if flag.choices:
-                kw["choices"] = flag.choices
-        if flag.options:
-            p.add_argument(*flag.options, **kw)
-        else:
-            kw.pop("dest")
-            p.add_argument(flag.dest, **kw)
+        _add_flag(p, flag)
     return p
+
+
+def _add_other_real_flags(p: argparse.ArgumentParser) -> None:
+    """The real flags a profile's own parser does not declare, so a flag `plan` passes through vllm_extra_args
+    (`--chat-template`, …) starts the simulated server as it starts the real one; the profile's own
+    declarations and its version-dependent flags stay as they are. 0.32's flag set stands in for every
+    version: the simulator only reads the flags the profile declares."""
+    taken = set(p._option_string_actions)  # argparse's own index of option strings (stable since 3.2)
+    for flag in FLAGS_032:
+        forms = {*flag.options, *(f"--no-{o[2:]}" for o in flag.options if flag.kind == "bool")}
+        if flag.options and not forms & (taken | _VERSIONED):
+            _add_flag(p, flag)
 
 
 def build_parser(profile: Profile) -> argparse.ArgumentParser:
@@ -132,6 +153,7 @@ def build_parser(profile: Profile) -> argparse.ArgumentParser:
     p.add_argument("--enable-log-requests", action="store_true")
     if profile.disable_log_requests is not None:
         p.add_argument("--disable-log-requests", action="store_true")
+    _add_other_real_flags(p)
     return p
 
 

@@ -243,8 +243,11 @@ def go_float(value: float) -> str:
 
 
 def _labels(pairs: list[tuple[str, str]]) -> str:
-    """vLLM 0.32 lists its labels in alphabetical order (captured)."""
-    return "{" + ",".join(f'{k}="{v}"' for k, v in sorted(pairs)) + "}" if pairs else ""
+    """vLLM 0.32 lists its labels in alphabetical order (captured); prometheus_client escapes backslash, double
+    quote and line feed in their values (the text format's rule), so a served model name may hold any of them."""
+    def value(v: str) -> str:
+        return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return "{" + ",".join(f'{k}="{value(v)}"' for k, v in sorted(pairs)) + "}" if pairs else ""
 
 
 @dataclass
