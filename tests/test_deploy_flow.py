@@ -7,9 +7,11 @@ simulator start-up lines, HTTP answers made "on the host"), so these flows exerc
 from __future__ import annotations
 
 import _thread
+import getpass
 import json
 import re
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -26,6 +28,7 @@ from ernie_deploy.planning.findings import Finding
 from ernie_deploy.planning.plan import PlanContext
 from ernie_deploy.planning.plantypes import HostPlan
 from ernie_deploy.remote.command import Command, Op
+from ernie_deploy.remote.lock import LockInfo
 
 
 def inventory(tmp_path: Path, hosts: dict[str, dict]) -> list:  # type: ignore[type-arg]
@@ -95,6 +98,15 @@ def test_a_host_that_stops_answering_mid_change_is_unreachable_and_its_lock_name
     assert fakes["a"].lock_info is not None and [c.op for c in fakes["a"].received].count(Op.RELEASE_LOCK) == 1
     assert ("could not release the deploy lock on a: host not answering; it will show as stale (once a answers "
             "and no deploy runs: ernie-deploy lock -i INV --limit a --break)") in results[0].evidence
+
+
+def test_locks_left_by_a_dead_run_name_one_command_that_breaks_them_all(tmp_path: Path) -> None:
+    dead = LockInfo("0" * 32, getpass.getuser(), socket.gethostname(), 2**22 + 7, "ernie-deploy deploy", 1.0)
+    assert dead.liveness() == "dead"
+    fakes = {"a": FakeHost(lock_info=dead.to_json()), "b": FakeHost(lock_info=dead.to_json())}
+    results = runner(fakes).run(inventory(tmp_path, {"a": {}, "b": {}}))
+    assert [r.status for r in results] == [Status.LOCKED, Status.LOCKED]
+    assert all("`ernie-deploy lock -i INV --break` breaks every such lock at once" in (r.hint or "") for r in results)
 
 
 def test_any_errors_fatal_skips_hosts_not_yet_started(tmp_path: Path) -> None:

@@ -38,7 +38,9 @@ class LockHeld(DeployError):
     def __init__(self, holder: lock.LockInfo | None, host: str) -> None:
         described = holder.describe() if holder else "held (no details file)"
         if holder is not None and holder.liveness() == "dead":
-            hint = f"the holder is gone: ernie-deploy lock -i INV --limit {host} --break"
+            # One command for every host: a killed run leaves its lock on each host it held, and `lock --break`
+            # without --limit breaks only locks whose holder is gone.
+            hint = "the holder is gone: `ernie-deploy lock -i INV --break` breaks every such lock at once"
         else:
             hint = ("wait with --lock-wait SECONDS, or if that deploy is dead: "
                     f"ernie-deploy lock -i INV --limit {host} --break")
