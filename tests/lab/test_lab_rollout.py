@@ -270,21 +270,14 @@ def test_process_holding_the_gpu_is_refused_before_the_stop_naming_it(capsys: py
     assert rc == 0 and healthy("127.0.0.11:8000"), doc["by_host"]["a10-1"]["message"]
 
 
-def test_sigterm_mid_restart_names_the_instance_out_of_rotation_and_resume_puts_it_back(
-        lab: Lab, lab_state: LabState, fleet: Path, tmp_path: Path) -> None:
-    """SIGTERM while a10-1's restarted instance loads (its pre-drain hook ran, post-ready not yet): the result
-    names it out of the load balancer and the resume state keeps it; `--resume` runs post-ready once it serves
-    and finishes the rollout. At the end every instance serves and is in rotation."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    rotation = tmp_path / "rotation.json"
-    everything = sorted(b for bs in backends(lab_state).values() for b in bs)
-    rotation.write_text(json.dumps(everything))
+def sigterm_while_a10_1_loads(lab: Lab, fleet: Path, env: dict[str, str],
+                              argv: list[str]) -> tuple[Path, int, dict[str, Any]]:
+    """Run the restart `argv` and SIGTERM it while a10-1's restarted instance loads (its pre-drain hook ran,
+    post-ready not yet): the restart's resume state file, its exit code and its JSON."""
     state = Path(env["ERNIE_DEPLOY_STATE_DIR"]) / f"{resume.key_of('restart', fleet, None, None)}.json"
     state.unlink(missing_ok=True)  # an earlier scenario's stopped restart of the same scope
     before = start_times(lab, "a10-1")
     faults(lab, "a10-1", {"load_seconds": 8})  # a window between its start and its readiness
-    argv = [sys.executable, "-m", "ernie_deploy", "restart", "-i", str(fleet), "--json",
-            "--pre-drain", hook(rotation, "remove"), "--post-ready", hook(rotation, "add")]
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert wait_for(lambda: start_times(lab, "a10-1") != before, 60, interval=0.1)
@@ -294,9 +287,23 @@ def test_sigterm_mid_restart_names_the_instance_out_of_rotation_and_resume_puts_
         if proc.poll() is None:
             proc.kill()
         faults(lab, "a10-1", QUICK)
-    doc = json.loads(out)
+    return state, proc.returncode, json.loads(out)
+
+
+def test_sigterm_mid_restart_names_the_instance_out_of_rotation_and_resume_puts_it_back(
+        lab: Lab, lab_state: LabState, fleet: Path, tmp_path: Path) -> None:
+    """SIGTERM while a10-1's restarted instance loads (its pre-drain hook ran, post-ready not yet): the result
+    names it out of the load balancer and the resume state keeps it; `--resume` runs post-ready once it serves
+    and finishes the rollout. At the end every instance serves and is in rotation."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    rotation = tmp_path / "rotation.json"
+    everything = sorted(b for bs in backends(lab_state).values() for b in bs)
+    rotation.write_text(json.dumps(everything))
+    argv = [sys.executable, "-m", "ernie_deploy", "restart", "-i", str(fleet), "--json",
+            "--pre-drain", hook(rotation, "remove"), "--post-ready", hook(rotation, "add")]
+    state, returncode, doc = sigterm_while_a10_1_loads(lab, fleet, env, argv)
     first = {h["host"]: h for h in doc["hosts"]}["a10-1"]
-    assert proc.returncode != 0 and first["status"] == "failed", first["message"]
+    assert returncode != 0 and first["status"] == "failed", first["message"]
     assert doc["rollout"]["out_of_rotation"] == {"a10-1": ["ernie-vllm-0.service"]}
     assert [c["name"] for c in first["checks"] if c["status"] == "fail"] == ["rotation"]
     assert json.loads(state.read_text())["out"] == {"a10-1": ["ernie-vllm-0.service"]}
@@ -494,23 +501,10 @@ def test_haproxy_sigterm_mid_restart_leaves_the_instance_drained_and_resume_sets
     `--resume` runs post-ready for it and finishes the rollout: HAProxy has every server UP."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     hook = f"sh {hook_script(tmp_path, haproxy.socket)}"
-    state = Path(env["ERNIE_DEPLOY_STATE_DIR"]) / f"{resume.key_of('restart', fleet, None, None)}.json"
-    state.unlink(missing_ok=True)  # an earlier scenario's stopped restart of the same scope
-    before = start_times(lab, "a10-1")
-    faults(lab, "a10-1", {"load_seconds": 8})  # a window between its start and its readiness
     argv = [sys.executable, "-m", "ernie_deploy", "restart", "-i", str(fleet), "--serial", "1", "--json",
             "--pre-drain", hook, "--post-ready", hook]
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert wait_for(lambda: start_times(lab, "a10-1") != before, 60, interval=0.1)
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        faults(lab, "a10-1", QUICK)
-    doc = json.loads(out)
-    assert proc.returncode != 0 and doc["rollout"]["out_of_rotation"] == {"a10-1": ["ernie-vllm-0.service"]}, doc
+    state, returncode, doc = sigterm_while_a10_1_loads(lab, fleet, env, argv)
+    assert returncode != 0 and doc["rollout"]["out_of_rotation"] == {"a10-1": ["ernie-vllm-0.service"]}, doc
     assert wait_for(lambda: all_healthy(lab_state), 60)
     # Serving again, and HAProxy's checks pass, but the balancer keeps it out until post-ready says otherwise.
     assert wait_for(lambda: haproxy.states()["a10-1-0"] == "DRAIN", 15), haproxy.stats()
