@@ -28,7 +28,7 @@ from ernie_deploy.planning.render import environment_for_templates, exec_words, 
 from ernie_deploy.remote import converge, lock, releases
 from ernie_deploy.remote.facts import HostFacts
 from ernie_deploy.remote.status import HostStatus, parse, status_script
-from ernie_deploy.remote.systemd import started_at, up_seconds
+from ernie_deploy.remote.systemd import up_seconds
 
 
 def expected_args(snap: Snapshot, unit: str) -> tuple[str, ...] | None:
@@ -46,13 +46,8 @@ def waits_for_restart(unit: str, facts: HostFacts) -> bool:
     the unit's files last changed runs them. Change times, not modification times: a restore copies with
     `cp -p`, which keeps the old mtime, and only a new inode's ctime says when it arrived. Unknown (the unit
     not running, no clock or times read): the list is believed."""
-    state = facts.units.get(unit)
-    start = started_at(state, facts.now_us, facts.wall_now) if state is not None else None
-    paths = (releases.unit_path(unit), releases.env_path(unit))
-    changed = [facts.ctimes[p] for p in paths if p in facts.ctimes]
-    if start is None or not changed:
-        return True
-    return max(changed) > start + converge.CLOCK_MARGIN_S
+    changed = converge.changed_after_start(unit, facts, facts.ctimes)
+    return changed is None or bool(changed)
 
 
 def drifts(host: str, snap: Snapshot, seen: HostStatus) -> list[Drift]:

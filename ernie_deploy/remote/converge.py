@@ -24,6 +24,7 @@ import re
 import shlex
 import tarfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any, ClassVar
@@ -162,12 +163,18 @@ CLOCK_MARGIN_S = 1.5
 
 def newer_than_process(unit: str, facts: HostFacts) -> list[str]:
     """The unit's files (unit, env) modified after its running process started: edits not in effect."""
+    return changed_after_start(unit, facts, facts.mtimes) or []
+
+
+def changed_after_start(unit: str, facts: HostFacts, times: Mapping[str, int]) -> list[str] | None:
+    """The unit's files (unit, env) whose time in `times` (the facts' mtimes or ctimes) is after its process
+    started; None when that cannot be told (no start time, or no time read for either file)."""
     state = facts.units.get(unit)
     start = started_at(state, facts.now_us, facts.wall_now) if state is not None else None
-    if start is None:
-        return []
-    paths = (f"{UNIT_DIR}/{unit}", f"{ENV_DIR}/{unit.removesuffix('.service')}.env")
-    return [PurePosixPath(p).name for p in paths if facts.mtimes.get(p, 0) > start + CLOCK_MARGIN_S]
+    paths = [p for p in (f"{UNIT_DIR}/{unit}", f"{ENV_DIR}/{unit.removesuffix('.service')}.env") if p in times]
+    if start is None or not paths:
+        return None
+    return [PurePosixPath(p).name for p in paths if times[p] > start + CLOCK_MARGIN_S]
 
 
 def release_id(files: list[RenderedFile], now: float) -> str:
