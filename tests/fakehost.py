@@ -5,7 +5,7 @@ facts from its in-memory state, the deploy lock, stage (the files of the tar pay
 intent says, a release recorded), activate (units restarted), stop, restore and undo, and the probes of a
 running instance: systemd state, a start-up journal (real simulator output for the unit's TP, with the unit's
 values), nvidia-smi, the process tree and the HTTP answers (/health, /v1/models, a completion) the host would
-get. Anything else fails.
+get. A host with a `FakeBalancer` also answers a balancer's apply and HAProxy's runtime API. Anything else fails.
 """
 
 from __future__ import annotations
@@ -16,12 +16,14 @@ import hashlib
 import io
 import json
 import re
+import shlex
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ernie_deploy.planning.hostpaths import RELEASES_DIR
 from ernie_deploy.remote import http
+from ernie_deploy.remote.balancer import ANSWER, ApplyBalancer, BalancerAdmin
 from ernie_deploy.remote.command import Command, Op
 from ernie_deploy.remote.converge import Activate, ReadFiles, Stage
 from ernie_deploy.remote.facts import Facts
@@ -68,6 +70,111 @@ def parse_unit(text: str) -> Unit:
 
 
 @dataclass
+class FakeServer:
+    status: str = "UP"
+    scur: int = 0
+    weight: int = 1
+
+
+@dataclass
+class FakeBalancer:
+    """HAProxy on a balancer host: its configuration, whether it runs, and its servers as `show stat` reports
+    them. An applied configuration's `backend`/`server` lines become the servers (UP, no sessions)."""
+
+    installed: bool = True
+    running: bool = True
+    config: str | None = None
+    invalid: str | None = None  # a configuration containing this text fails `haproxy -c`
+    reload_fails: bool = False  # reload and start fail (the previous file is put back, as the script does)
+    socket: str = "ok"  # how the admin socket answers: ok, missing, denied, refused
+    servers: dict[tuple[str, str], FakeServer] = field(default_factory=dict)
+    draining: list[int] = field(default_factory=list)  # a drained server's scur in turn, one per `show stat`
+    stay_down: set[str] = field(default_factory=set)  # servers that stay DOWN after `ready` (checks fail)
+    log: list[str] = field(default_factory=list)  # "reload", "start", "install", "set B/S drain", ...
+
+    def apply(self, intent: ApplyBalancer, config: str) -> str:
+        out = []
+        if not self.installed:
+            if intent.check:
+                return f"{MARK}install\n{MARK}changed\n{MARK}start\n{MARK}done\n"
+            self.installed = True
+            self.log.append("install")
+            out.append("installed")
+        if self.invalid is not None and self.invalid in config:
+            return "".join(f"{MARK}{e}\n" for e in out) + (
+                f"{MARK}error invalid\n[ALERT]    (1) : config : parsing [{intent.config}.ernie-new:3] : "
+                f"unknown keyword '{self.invalid}'\n[ALERT]    (1) : config : Fatal errors found in configuration.\n")
+        if config == self.config:
+            out.append("unchanged")
+        elif intent.check:
+            out.append("changed")
+        else:
+            out.append("changed")
+            if self.reload_fails:
+                self.log.append("reload failed" if self.running else "start failed")
+                return "".join(f"{MARK}{e}\n" for e in [*out, "restored"]) + (
+                    f"{MARK}error {'reload' if self.running else 'start'}\nJob for haproxy.service failed.\n")
+            self.config = config
+            self.servers = self.parse(config)
+            out.append("reloaded" if self.running else "started")
+            self.log.append(out[-1])
+            self.running = True
+        if not self.running:
+            if intent.check:
+                out.append("start")
+            else:
+                self.running = True
+                self.log.append("started")
+                out.append("started")
+        return "".join(f"{MARK}{e}\n" for e in [*out, "done"])
+
+    def parse(self, config: str) -> dict[tuple[str, str], FakeServer]:
+        servers, backend = {}, ""
+        for line in config.splitlines():
+            # HAProxy unquotes words as a shell does; the rendered config quotes every name.
+            words = shlex.split(line, comments=True)
+            if words[:1] == ["backend"]:
+                backend = words[1]
+            elif words[:1] == ["server"] and backend:
+                weight = int(words[words.index("weight") + 1]) if "weight" in words else 1
+                old = self.servers.get((backend, words[1]))
+                servers[(backend, words[1])] = old or FakeServer(weight=weight)
+        return servers
+
+    def admin(self, spec: dict[str, object]) -> str:
+        if self.socket != "ok" or not self.running:
+            error = self.socket if self.socket != "ok" else "refused"
+            return f"{MARK}{ANSWER} " + json.dumps({"i": "*", "error": error, "detail": f"[Errno] {error}"}) + "\n"
+        out = []
+        commands = spec["commands"]
+        assert isinstance(commands, list)
+        for i, command in enumerate(commands):
+            out.append(f"{MARK}{ANSWER} " + json.dumps({"i": i, "answer": self.answer(str(command))}))
+        return "\n".join(out) + "\n"
+
+    def answer(self, command: str) -> str:
+        if command == "show stat":
+            rows = ["# pxname,svname,qcur,qmax,scur,smax,slim,stot,bin,bout,dreq,dresp,ereq,econ,eresp,wretr,"
+                    "wredis,status,weight,act"]
+            for (b, s), server in self.servers.items():
+                if server.status == "DRAIN":
+                    server.scur = self.draining.pop(0) if self.draining else 0
+                rows.append(f"{b},{s},0,0,{server.scur},0,,0,0,0,,0,,0,0,0,0,{server.status},{server.weight},1")
+            rows += [f"{b},BACKEND,0,0,0,0,,0,0,0,,0,,0,0,0,0,UP,1,1" for b in sorted({b for b, _ in self.servers})]
+            return "\n".join(rows) + "\n\n"
+        _, _, target, _, state = command.split()
+        backend, _, name = target.partition("/")
+        if not any(b == backend for b, _ in self.servers):
+            return "No such backend.\n\n"
+        found = self.servers.get((backend, name))
+        if found is None:
+            return "No such server.\n\n"
+        self.log.append(f"set {target} {state}")
+        found.status = "DRAIN" if state == "drain" else "DOWN" if name in self.stay_down else "UP"
+        return "\n"
+
+
+@dataclass
 class FakeHost:
     gpus: int = 2
     files: dict[str, str] = field(default_factory=dict)
@@ -97,6 +204,7 @@ class FakeHost:
     #                                contains this text (or each part of "A && B"), e.g. a changed flag
     log: list[str] = field(default_factory=list)  # what happened, in order: "stop U", "start U", "undo ..."
     received: list[Command] = field(default_factory=list)  # every command sent to it, in order
+    balancer: FakeBalancer | None = None  # HAProxy, on a balancer host
 
     def facts_text(self) -> str:
         gpus = "\n".join(f"{i}, NVIDIA A10, GPU-{i:08d}-0000-0000-0000-000000000000, 23028, 550.127.05"
@@ -334,6 +442,10 @@ class FakeSession:
             case Restore() as restore:
                 h.restore(restore)
                 return ""
+            case ApplyBalancer() as apply if h.balancer is not None:
+                return h.balancer.apply(apply, cmd.stdin.decode())
+            case BalancerAdmin() if h.balancer is not None:
+                return h.balancer.admin(json.loads(cmd.stdin))
         return None
 
     def close(self) -> None:

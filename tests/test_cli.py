@@ -25,7 +25,7 @@ def test_plan_json_is_versioned_and_complete(capsys: pytest.CaptureFixture[str])
     rc, out, _ = run(capsys, "plan", "-i", EXAMPLE, "--json")
     assert rc == 1  # the example's deliberate TP 3 host
     data = json.loads(out)
-    assert data["schema"] == "ernie-deploy/plan/v1" and data["ok"] is False
+    assert data["schema"] == "ernie-deploy/plan/v2" and data["ok"] is False
     hosts = {h["host"]: h for h in data["hosts"]}
     assert len(hosts) == 6
     bad = hosts["gpu-a10-05.dc1"]

@@ -15,6 +15,7 @@ def test_wheel_contains_templates_and_data(tmp_path: Path) -> None:
     (wheel,) = tmp_path.glob("ernie_deploy-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in ("ernie_deploy/templates/vllm.service.j2", "ernie_deploy/templates/vllm.env.j2",
+                   "ernie_deploy/templates/haproxy.cfg.j2",
                    "ernie_deploy/data/recommendations.yml", "ernie_deploy/data/gpus.yml",
                    "ernie_deploy/data/signatures.yml", "ernie_deploy/data/vllm_versions.yml",
                    "ernie_deploy/data/models/ERNIE-4.5-0.3B-PT/config.json", "ernie_deploy/lab/sim/__init__.py",

@@ -93,6 +93,7 @@ BOUNDS = [
     ("vllm_tensor_parallel_size", 0, 1), ("vllm_pipeline_parallel_size", 0, 1), ("vllm_instances", 0, 1),
     ("vllm_drain_timeout", -1, 0), ("vllm_startup_budget", 0, 0.5), ("vllm_startup_budget", float("inf"), 600),
     ("vllm_keep_releases", 0, 1), ("vllm_stable_seconds", -0.5, 0),
+    ("vllm_balancer_weight", 0, 1), ("vllm_balancer_weight", 257, 256),
 ]
 
 

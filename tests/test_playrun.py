@@ -10,6 +10,7 @@ import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -219,3 +220,194 @@ def test_run_prints_a_line_per_host_and_task_and_details_with_v(tmp_path: Path, 
     assert main(["run", str(book), "-i", str(inv), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["schema"] == "ernie-deploy/run/v1" and doc["tasks"][2]["hosts"][0]["checks"]
+
+
+# -- the inventory's balancers (issue 24) ------------------------------------------------------------------------
+
+def balanced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, balancer: FakeHost) -> tuple[
+        dict[str, FakeHost], list[str]]:
+    """vLLM hosts a and b and lb-1 (HAProxy, fronting both) in tmp_path/inv.yml, reached through one scripted
+    SSH door that journals which host each command went to, in order."""
+    fakes = {"a": FakeHost(), "b": FakeHost(), "lb-1": balancer}
+    journal: list[str] = []
+    door = connector(fakes)
+
+    def connect(target: Any) -> Any:
+        session = door(target)
+        sent = session.run
+
+        def run(cmd: Command) -> RunResult:
+            journal.append(target.name)
+            result: RunResult = sent(cmd)
+            return result
+
+        session.run = run
+        return session
+
+    monkeypatch.setattr("ernie_deploy.cli.run.connector", lambda args: connect)
+    monkeypatch.setattr("ernie_deploy.cli.remote.connector", lambda args: connect)
+    inv = tmp_path / "inv.yml"
+    inv.write_text(yaml.safe_dump({"all": {
+        "vars": {"gpu_model": "NVIDIA A10", "gpu_count": 2, "vllm_host": "0.0.0.0", "vllm_stable_seconds": 0},
+        "hosts": {"a": {"ansible_host": "127.0.0.11"}, "b": {"ansible_host": "127.0.0.12"}},
+        "children": {"vllm_balancers": {"hosts": {"lb-1": {"ansible_host": "127.0.0.9"}}}}}}))
+    return fakes, journal
+
+
+def play(tmp_path: Path, text: str, *args: str, name: str = "book.yml") -> int:
+    """`ernie-deploy run --json` of the playbook `text` (written to tmp_path/name) on balanced()'s inventory."""
+    from ernie_deploy.cli.main import main
+
+    path = tmp_path / name
+    path.write_text(text)
+    return main(["run", str(path), "-i", str(tmp_path / "inv.yml"), "--json", *args])
+
+
+def doc(capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    out: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return out
+
+
+def tasks(document: dict[str, Any]) -> list[list[tuple[str, str]]]:
+    return [[(h["host"], h["status"]) for h in t["hosts"]] for t in document["tasks"]]
+
+
+RESTART = f"""
+- hosts: all
+  serial: 1
+  tasks:
+    - rolling: {{{QUICK}, always: true}}
+"""
+
+
+def test_a_playbook_applies_the_balancer_first_and_its_rolling_restart_drains_and_readies_each_instance(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from fakehost import FakeBalancer
+
+    haproxy = FakeBalancer(running=False)
+    fakes, journal = balanced(tmp_path, monkeypatch, FakeHost(balancer=haproxy))
+    code = play(tmp_path, SITE)
+    site = doc(capsys)
+    assert code == 0, site
+    # converge applies lb-1's configuration before any command reaches a vLLM host; rolling finds it unchanged.
+    assert tasks(site)[:2] == [[("lb-1", "changed"), ("a", "changed"), ("b", "changed")],
+                               [("lb-1", "ok"), ("a", "changed"), ("b", "changed")]]
+    assert site["tasks"][0]["hosts"][0]["message"] == "balancer: HAProxy configuration changed, started"
+    first_vllm = min(journal.index("a"), journal.index("b"))
+    assert set(journal[:first_vllm]) == {"lb-1"} and haproxy.log == ["started"]
+    assert tasks(site)[2] == [("a", "ok"), ("b", "ok")]  # verify: vLLM hosts only
+    assert sorted(s.strip('"') for _, s in haproxy.servers) == ["a-0", "b-0"]
+    # A rolling restart drains each instance on lb-1 before its stop and sets it ready after its start, one host
+    # after the other; the configuration is not touched (a restart changes no file).
+    for fake in fakes.values():
+        fake.log.clear()
+    haproxy.log.clear()
+    code = play(tmp_path, RESTART, name="restart.yml")
+    assert code == 0 and tasks(doc(capsys)) == [[("a", "changed"), ("b", "changed")]]
+    assert [x.rpartition("/")[2] for x in haproxy.log] == ["a-0 drain", "a-0 ready", "b-0 drain", "b-0 ready"]
+    assert fakes["a"].log == ["stop ernie-vllm-0.service", "start ernie-vllm-0.service"]
+    assert all(s.status == "UP" for s in haproxy.servers.values())
+    # A second run of the site playbook changes nothing anywhere, the balancer included.
+    code = play(tmp_path, SITE)
+    assert code == 0 and {s for t in tasks(doc(capsys)) for _, s in t} == {"ok"}
+
+
+def test_a_play_of_the_balancers_alone_applies_their_configuration_and_check_mode_applies_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from fakehost import FakeBalancer
+
+    haproxy = FakeBalancer(running=False)
+    fakes, journal = balanced(tmp_path, monkeypatch, FakeHost(balancer=haproxy))
+    book = "- hosts: vllm_balancers\n  tasks:\n    - converge: {}\n    - verify: {}\n"
+    code = play(tmp_path, book, "--check")
+    checked = doc(capsys)
+    assert code == 0 and tasks(checked) == [[("lb-1", "changed")], []]
+    assert "check mode" in checked["tasks"][0]["hosts"][0]["message"]
+    assert haproxy.config is None and haproxy.log == [] and set(journal) == {"lb-1"}
+    code = play(tmp_path, book)
+    done = doc(capsys)
+    assert code == 0 and tasks(done) == [[("lb-1", "changed")], []]
+    assert "only its converge and rolling tasks work on them" in done["tasks"][1]["note"]
+    assert haproxy.log == ["started"] and set(journal) == {"lb-1"}
+    # --limit narrows the balancers too: a play of every host limited to a applies no configuration.
+    haproxy.log.clear()
+    code = play(tmp_path, "- hosts: all\n  tasks:\n    - converge: {}\n", "--limit", "a")
+    assert code == 0 and tasks(doc(capsys)) == [[("a", "changed")]] and haproxy.log == []
+    assert fakes["b"].received == []
+
+
+def test_a_configuration_haproxy_rejects_ends_the_run_with_no_vllm_host_touched(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from fakehost import FakeBalancer
+
+    haproxy = FakeBalancer(invalid="vllm")
+    _, journal = balanced(tmp_path, monkeypatch, FakeHost(balancer=haproxy))
+    code = play(tmp_path, SITE)
+    document = doc(capsys)
+    assert code == 2 and tasks(document) == [[("lb-1", "failed"), ("a", "skipped"), ("b", "skipped")]]
+    assert "fails `haproxy -c`" in document["tasks"][0]["hosts"][0]["message"]
+    assert "balancer lb-1 failed" in document["ended"] and "no vLLM host was touched" in document["ended"]
+    assert set(journal) == {"lb-1"} and haproxy.config is None
+
+
+def test_no_balancer_drives_and_applies_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from fakehost import FakeBalancer
+
+    haproxy = FakeBalancer()
+    _, journal = balanced(tmp_path, monkeypatch, FakeHost(balancer=haproxy))
+    code = play(tmp_path, SITE, "--no-balancer")
+    assert code == 0 and [[h for h, _ in t] for t in tasks(doc(capsys))] == [["a", "b"]] * 3
+    code = play(tmp_path, RESTART, "--no-balancer", name="restart.yml")
+    assert code == 0
+    assert "lb-1" not in journal and haproxy.log == [] and haproxy.config is None
+    # The text output says the balancers were not driven; a play of the balancers alone says why it did nothing.
+    from ernie_deploy.cli.main import main
+
+    assert main(["run", str(tmp_path / "restart.yml"), "-i", str(tmp_path / "inv.yml"), "--no-balancer"]) == 0
+    assert "--no-balancer: the balancers (lb-1) were not driven" in capsys.readouterr().out
+    code = play(tmp_path, "- hosts: lb-1\n  tasks:\n    - converge: {}\n", "--no-balancer", name="lb.yml")
+    assert code == 0 and "leaves alone (--no-balancer)" in doc(capsys)["tasks"][0]["note"]
+
+
+def test_an_unreachable_balancer_refuses_the_rolling_task_before_anything_stops(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from fakehost import FakeBalancer
+
+    fakes, _ = balanced(tmp_path, monkeypatch, FakeHost(balancer=FakeBalancer()))
+    assert play(tmp_path, SITE) == 0
+    capsys.readouterr()
+    fakes["lb-1"].unreachable = True
+    for fake in fakes.values():
+        fake.log.clear()
+    code = play(tmp_path, RESTART + "    - verify: {}\n", name="restart.yml")
+    document = doc(capsys)
+    assert code == 2 and tasks(document) == [[("a", "failed"), ("b", "failed")], []]
+    message = document["tasks"][0]["hosts"][0]["message"]
+    assert "refused to start the rollout" in message and "lb-1" in message and "connection refused" in message
+    assert document["tasks"][1]["note"] == "no hosts left"
+    assert fakes["a"].log == [] and fakes["b"].log == []  # nothing stopped
+
+
+def test_run_help_says_when_to_use_no_balancer(capsys: pytest.CaptureFixture[str]) -> None:
+    from ernie_deploy.cli.main import main
+
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--no-balancer" in text and "down" in text and "requests" in text and "lost" in text
+
+
+def test_a_vllm_host_that_cannot_be_planned_stops_the_run_before_any_host_unless_no_balancer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from fakehost import FakeBalancer
+
+    _, journal = balanced(tmp_path, monkeypatch, FakeHost(balancer=FakeBalancer()))
+    inv = tmp_path / "inv.yml"
+    data = yaml.safe_load(inv.read_text())
+    data["all"]["hosts"]["b"]["gpu_model"] = "nope"
+    inv.write_text(yaml.safe_dump(data))
+    assert play(tmp_path, SITE, "--limit", "a") == 5
+    assert "b: the plan has errors, so the balancers" in capsys.readouterr().err and journal == []
+    assert play(tmp_path, SITE, "--limit", "a", "--no-balancer") == 0
+    assert "lb-1" not in journal and "a" in journal

@@ -46,11 +46,12 @@ def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from ernie_deploy.export.ansible import ExportOptions, export_files, host_files
+    from ernie_deploy.export.ansible import ExportOptions, export_files, host_files, masked_balancer
     from ernie_deploy.inventory.inventory import load_inventory
     from ernie_deploy.output.export import say_plan_errors, show_export
+    from ernie_deploy.planning.balancer import plan_balancers, render_balancer, split_hosts
     from ernie_deploy.planning.batches import parse_percentage, parse_serial
-    from ernie_deploy.planning.plan import PlanContext, plan_hosts
+    from ernie_deploy.planning.plan import HostLike, PlanContext, plan_hosts
     from ernie_deploy.planning.render import environment_for_templates, render_host, templates_dir
     if args.canary < 0:
         raise DeployError(f"--canary must be 0 or more, got {args.canary}")
@@ -59,19 +60,30 @@ def cmd_export(args: argparse.Namespace) -> int:
                             if args.max_fail_percentage else None, pre_drain=args.pre_drain,
                             post_ready=args.post_ready)
     inventory = load_inventory(args.inventory)
-    ctx = PlanContext.load(args.table, base_dir=args.inventory.resolve().parent)
-    plans = plan_hosts(list(inventory.select(args.limit)), ctx)
-    if not plans:
+    base_dir = args.inventory.resolve().parent
+    ctx = PlanContext.load(args.table, base_dir=base_dir)
+    selected, chosen_balancers = split_hosts(inventory.select(args.limit))
+    plans = plan_hosts(list[HostLike](selected), ctx)
+    if not plans and not chosen_balancers:
         raise DeployError(f"no host matches --limit {args.limit!r}", where=str(args.inventory))
     bad = [p.name for p in plans if not p.ok]
     if bad:
         say_plan_errors(bad)
         return ExitCode.PLAN_ERRORS
+    # The balancers front every instance of the inventory whatever --limit says: they are planned from all vLLM
+    # hosts, and every cycle drives all of them; --limit picks the balancers whose configuration is exported.
+    every_vllm, every_balancer = split_hosts(inventory.select(None))
+    chosen = {h.name for h in chosen_balancers}
+    fronted = plan_hosts(list[HostLike](every_vllm), ctx) if every_balancer else []
+    fronts = plan_balancers(every_balancer, fronted, base_dir)
+    balancers = [b for b in fronts if b.host in chosen]
     env = environment_for_templates(templates_dir(args.templates))
     rendered = {p.name: host_files(p, partial(render_host, env=env)) for p in plans}
-    files = export_files(args.inventory, plans, rendered, options)
+    configs = {b.host: render_balancer(masked_balancer(b)) for b in balancers}
+    files = export_files(args.inventory, plans, rendered, options, balancers, configs, fronts)
     write_tree(args.output, files)
-    show_export(args.output, [p.name for p in plans], [f.path for f in files], json=args.json)
+    hosts = [p.name for p in plans] + [h.name for h in chosen_balancers]
+    show_export(args.output, hosts, [f.path for f in files], json=args.json)
     return ExitCode.OK
 
 

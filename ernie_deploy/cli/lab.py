@@ -12,9 +12,10 @@ if TYPE_CHECKING:
 _DESCRIPTION = (
     "The rehearsal lab: one systemd-nspawn container per simulated GPU host, each with real systemd, "
     "journald and sshd on its own loopback address (127.0.0.N:22), a simulated nvidia-smi and a simulated "
-    "`vllm serve`. No GPU and no real vLLM. Needs root. State lives in ./.lab (or $ERNIE_LAB_DIR); the "
-    "root file system is cached in /var/cache/ernie-deploy (or $ERNIE_LAB_CACHE). Hosts come with vLLM "
-    "installed unless booted --bare. See docs/lab.md."
+    "`vllm serve`, and balancer hosts (`role: balancer`) with Debian's HAProxy for `deploy` to configure. "
+    "No GPU, and real vLLM only where the spec asks for it (`vllm: real`). Needs root. State lives in ./.lab "
+    "(or $ERNIE_LAB_DIR); the root file system is cached in /var/cache/ernie-deploy (or $ERNIE_LAB_CACHE). "
+    "Hosts come with vLLM installed unless booted --bare. See docs/lab.md."
 )
 
 
@@ -42,7 +43,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
     p = sub.add_parser("status", help="show each lab host, its address, state and simulated GPUs",
                        description="States: ssh-ready (sshd answers a strict login), running (container up, "
-                                   "sshd not answering), stopped (container gone).")
+                                   "sshd not answering), stopped (container gone). Balancer hosts are listed with "
+                                   "their HAProxy frontend URL (it answers once `deploy` has configured HAProxy).")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_status)
 
@@ -67,7 +69,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     if args.bare:
         spec = spec.all_bare()
     lab = _lab()
-    with console.status(f"lab up: {len(spec.hosts)} hosts from {spec.source}"):
+    with console.status(f"lab up: {len(spec.hosts) + len(spec.balancers)} hosts from {spec.source}"):
         state = lab.up(spec, inventory_out=args.inventory_out)
     show_up(state, json=args.json)
     return 0
@@ -76,7 +78,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from ernie_deploy.output.lab import show_status
     lab = _lab()
-    show_status(lab.dir, lab.status(), json=args.json)
+    show_status(lab.dir, lab.status(), json=args.json, balancers=lab.balancer_status())
     return 0
 
 

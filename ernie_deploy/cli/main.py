@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
-    from ernie_deploy.inventory.inventory import Inventory
+    from ernie_deploy.inventory.inventory import Host, Inventory
+    from ernie_deploy.planning.balancer import BalancerPlan
     from ernie_deploy.planning.plan import PlanContext
     from ernie_deploy.planning.plantypes import HostPlan
     from ernie_deploy.planning.render import RenderedFile
@@ -27,6 +28,7 @@ from ernie_deploy.errors import DeployError, ExitCode
 from ernie_deploy.output.schemas import PLAN_SCHEMA
 
 log = logging.getLogger("ernie_deploy")
+BALANCER_FILE = "haproxy.cfg"  # render writes each balancer's configuration to OUT/balancers/HOST/haproxy.cfg
 
 
 def _common(p: argparse.ArgumentParser, limit: bool = True) -> None:
@@ -67,14 +69,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="validate and explain the plan of every host (touches no host)",
                        description="Match each host to the recommended-config table, validate the result the "
-                                   "way vLLM would, and show memory estimates and findings with fixes.")
+                                   "way vLLM would, and show memory estimates and findings with fixes. Hosts of "
+                                   "group vllm_balancers are balancers: each shows where HAProxy listens and, per "
+                                   "served model, the servers (every vLLM instance of the inventory) and weights.")
     _common(p)
     p.add_argument("--json", action="store_true", help=f"machine-readable output (schema {PLAN_SCHEMA})")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("render", help="write the systemd units and env files of every host to a directory",
                        description="Render OUT/HOST/etc/systemd/system/*.service and OUT/HOST/etc/ernie-deploy/*.env "
-                                   "(mode 0600). Hosts whose plan has errors get nothing.")
+                                   "(mode 0600), and for each balancer (group vllm_balancers) OUT/balancers/HOST/"
+                                   "haproxy.cfg (mode 0600 when it holds the API key). Hosts whose plan has errors "
+                                   "get nothing.")
     _common(p)
     p.add_argument("-o", "--output", required=True, type=Path, metavar="DIR", help="output directory")
     p.add_argument("--templates", type=Path, metavar="DIR",
@@ -84,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("explain", help="why every setting of a host has its value",
                        description="Show each setting with its source: table default, profile, row, inventory "
-                                   "variable or computed fallback.")
+                                   "variable or computed fallback, and the balancers that front the host's "
+                                   "instances; for a balancer host, its variables and what it fronts.")
     _common(p, limit=False)
     p.add_argument("host", help="inventory host name")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -118,29 +125,64 @@ def _load(args: argparse.Namespace) -> tuple[Inventory, PlanContext]:
     return inventory, ctx
 
 
-def _plans(args: argparse.Namespace) -> list[HostPlan]:
+def _plans(args: argparse.Namespace) -> tuple[list[HostPlan], list[BalancerPlan], dict[str, DeployError]]:
+    """The selected vLLM hosts' plans, and the selected balancers' plans (or why each cannot be planned)."""
+    from ernie_deploy.planning.balancer import split_hosts
     from ernie_deploy.planning.plan import plan_hosts
     inventory, ctx = _load(args)
-    return plan_hosts(list(inventory.select(args.limit)), ctx)
+    vllm_hosts, balancer_hosts = split_hosts(inventory.select(args.limit))
+    plans = plan_hosts(list(vllm_hosts), ctx)
+    balancers, failed = _balancers(inventory, ctx, balancer_hosts, plans)
+    return plans, balancers, failed
+
+
+def _balancers(inventory: Inventory, ctx: PlanContext, hosts: Sequence[Host], planned: Sequence[HostPlan]
+               ) -> tuple[list[BalancerPlan], dict[str, DeployError]]:
+    """Each balancer host's plan, fronting every vLLM host of the inventory whatever --limit selected; a
+    balancer that cannot be planned is reported and does not hide the others."""
+    from ernie_deploy.planning.balancer import fleet_plans, plan_balancers
+    if not hosts:
+        return [], {}
+    fleet = fleet_plans(inventory.hosts.values(), ctx, planned)
+    plans: list[BalancerPlan] = []
+    failed: dict[str, DeployError] = {}
+    for host in hosts:
+        try:
+            plans += plan_balancers([host], fleet, ctx.base_dir)
+        except DeployError as exc:
+            failed[host.name] = exc
+    return plans, failed
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from ernie_deploy.output.report import show_plan_command
-    plans = _plans(args)
-    show_plan_command(plans, json=args.json, verbose=args.verbose > 0)
-    return ExitCode.OK if all(p.ok for p in plans) else ExitCode.PLAN_ERRORS
+    plans, balancers, failed = _plans(args)
+    show_plan_command(plans, json=args.json, verbose=args.verbose > 0, balancers=balancers, balancer_failures=failed)
+    return ExitCode.OK if all(p.ok for p in plans) and not failed else ExitCode.PLAN_ERRORS
 
 
 def cmd_render(args: argparse.Namespace) -> int:
     from ernie_deploy.output.report import show_render
+    from ernie_deploy.planning.balancer import render_balancer
     from ernie_deploy.planning.render import environment_for_templates, render_hosts, templates_dir
-    plans = _plans(args)
+    plans, balancers, failed_balancers = _plans(args)
     env = environment_for_templates(templates_dir(args.templates))
     rendered, failed = render_hosts(plans, env)
     args.output.mkdir(parents=True, exist_ok=True)
     written = []
     for host, files in rendered.items():
         written += _write_host(args.output, host, files)
+    failed.update(failed_balancers)
+    for balancer in balancers:
+        try:
+            config = render_balancer(balancer)
+        except DeployError as exc:
+            failed[balancer.host] = exc
+            continue
+        # The configuration carries the instances' API key when they have one: readable by its owner only then.
+        mode = 0o600 if any(b.api_key is not None for b in balancer.backends) else 0o644
+        swap_in(args.output / "balancers" / balancer.host, [(BALANCER_FILE, config, mode)])
+        written.append(str(args.output / "balancers" / balancer.host / BALANCER_FILE))
     show_render(written, failed, json=args.json)
     return ExitCode.PLAN_ERRORS if failed else ExitCode.OK
 
@@ -152,14 +194,24 @@ def _write_host(out: Path, host: str, files: list[RenderedFile]) -> list[str]:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
+    from ernie_deploy.output.balancer import show_balancer_explain
     from ernie_deploy.output.report import show_explain_command
+    from ernie_deploy.planning.balancer import balancer_settings, is_balancer, split_hosts
     from ernie_deploy.planning.plan import plan_hosts
     inventory, ctx = _load(args)
     if args.host not in inventory.hosts:
         raise DeployError(f"no host {args.host!r} in the inventory", where=str(args.inventory),
                           hint="run `ernie-deploy inventory -i INV --graph` to list the hosts")
-    (plan,) = plan_hosts([inventory.hosts[args.host]], ctx)
-    show_explain_command(plan, json=args.json)
+    host = inventory.hosts[args.host]
+    _, balancer_hosts = split_hosts(inventory.hosts.values())
+    if is_balancer(host):
+        settings = balancer_settings(host, ctx.base_dir)
+        planned, failed = _balancers(inventory, ctx, [host], ())
+        show_balancer_explain(host.name, settings, planned[0] if planned else None, failed.get(host.name),
+                              json=args.json, schema=PLAN_SCHEMA)
+        return ExitCode.PLAN_ERRORS if failed else ExitCode.OK
+    (plan,) = plan_hosts([host], ctx)
+    show_explain_command(plan, json=args.json, balancers=[h.name for h in balancer_hosts])
     return ExitCode.OK if plan.ok else ExitCode.PLAN_ERRORS
 
 

@@ -1,11 +1,17 @@
 """Commands that talk to hosts: deploy, restart, rollback, releases, verify, facts, lock. Thin: parse options,
-run, hand the results to output/remote.py, exit code."""
+run, hand the results to output/remote.py, exit code.
+
+Hosts of the inventory group `vllm_balancers` are never vLLM hosts here (`targets`); deploy, restart and
+rollback drive them (`balancers`), planned from every vLLM host of the inventory whatever --limit selects."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -13,11 +19,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ernie_deploy.checks.expectations import Expectations
     from ernie_deploy.checks.result import CheckResult
-    from ernie_deploy.inventory.inventory import Host
+    from ernie_deploy.inventory.inventory import Host, Inventory
+    from ernie_deploy.orchestration.balancers import Balancers
     from ernie_deploy.orchestration.fleet import FleetOptions
     from ernie_deploy.orchestration.results import HostResult
     from ernie_deploy.orchestration.rollout import Report
     from ernie_deploy.orchestration.transport import Connector
+    from ernie_deploy.planning.balancer import BalancerPlan
     from ernie_deploy.planning.drivers import DriverVerdict
     from ernie_deploy.planning.plan import PlanContext
     from ernie_deploy.remote.facts import HostFacts
@@ -46,11 +54,68 @@ def ssh_options(p: argparse.ArgumentParser, forks: bool = True) -> None:
 
 
 def targets(args: argparse.Namespace) -> tuple[Any, PlanContext, list[Host]]:
+    """The inventory, the planning context and the vLLM hosts --limit selects (never a balancer host). A --limit
+    that selects balancer hosts only is bad input: the command has nothing to work on."""
+    from ernie_deploy.errors import InventoryError
+    from ernie_deploy.planning.balancer import GROUP, split_hosts
+    inventory, ctx, hosts = selected(args)
+    vllm, balancer_hosts = split_hosts(hosts)
+    if balancer_hosts and not vllm:
+        raise InventoryError(f"--limit {args.limit} selects only balancer hosts ({', '.join(h.name for h in hosts)}"
+                             f", group {GROUP}): this command works on vLLM hosts", where=str(args.inventory),
+                             hint="limit it to vLLM hosts; `ernie-deploy deploy --limit "
+                                  f"{balancer_hosts[0].name}` applies a balancer's configuration")
+    return inventory, ctx, vllm
+
+
+def selected(args: argparse.Namespace) -> tuple[Any, PlanContext, list[Host]]:
+    """The inventory, the planning context and every host --limit selects, balancers included."""
     from ernie_deploy.inventory.inventory import load_inventory
     from ernie_deploy.planning.plan import PlanContext
     inventory = load_inventory(args.inventory)
     ctx = PlanContext.load(getattr(args, "table", None), base_dir=args.inventory.resolve().parent)
     return inventory, ctx, list(inventory.select(args.limit))
+
+
+@dataclass
+class BalancerWiring:
+    """The inventory's balancers for one command: their names, and what drives them."""
+
+    names: tuple[str, ...] = ()  # every balancer host of the inventory
+    plans: tuple[BalancerPlan, ...] = ()  # their plans (empty with --no-balancer: not even planned)
+    control: Balancers | None = None  # drives them around each restart (None: none, or --no-balancer)
+    setup: Balancers | None = None  # those --limit selects, whose configuration deploy applies first
+
+
+@contextlib.contextmanager
+def balancers(args: argparse.Namespace, inventory: Inventory, ctx: PlanContext, *,
+              apply: Sequence[str] = ()) -> Iterator[BalancerWiring]:
+    """The inventory's balancers, planned from ALL its vLLM hosts (a balancer fronts every instance, whatever
+    --limit selects), connected lazily; `apply`: the balancer hosts whose configuration deploy applies. Closed
+    on the way out. With --no-balancer nothing is planned or driven (a balancer that is down, or cannot be
+    planned, does not stop the command)."""
+    from ernie_deploy.planning.balancer import split_hosts
+    _, hosts = split_hosts(inventory.hosts.values())
+    names = tuple(h.name for h in hosts)
+    if not hosts or getattr(args, "no_balancer", False):
+        yield BalancerWiring(names)
+        return
+    from ernie_deploy.orchestration.balancers import Balancers
+    from ernie_deploy.orchestration.fleet import Fleet
+    from ernie_deploy.planning.balancer import fleet_plans, plan_balancers
+    plans = plan_balancers(hosts, fleet_plans(inventory.hosts.values(), ctx),
+                           base_dir=args.inventory.resolve().parent)
+    by_name = {h.name: h for h in hosts}
+    fleet = Fleet(connector(args), fleet_options(args))
+    control = Balancers(fleet, plans, by_name)
+    chosen = [p for p in plans if p.host in apply]
+    setup = None if not chosen else control if len(chosen) == len(plans) else Balancers(fleet, chosen, by_name)
+    try:
+        yield BalancerWiring(names, tuple(plans), control, setup)
+    finally:
+        control.close()
+        if setup is not None and setup is not control:
+            setup.close()
 
 
 def fleet_options(args: argparse.Namespace) -> FleetOptions:
@@ -203,18 +268,24 @@ def _day2_options(p: argparse.ArgumentParser) -> None:
 def cmd_deploy(args: argparse.Namespace) -> int:
     from ernie_deploy.orchestration.deploy import Options, Runner
     from ernie_deploy.output import console
-    _, ctx, hosts = targets(args)
+    from ernie_deploy.planning.balancer import render_balancer, split_hosts
+    inventory, ctx, chosen = selected(args)
+    hosts, chosen_balancers = split_hosts(chosen)
     command = "ernie-deploy deploy" + (" --check" if args.check else "")
-    options = Options(check=args.check, diff=args.diff, prune=args.prune, forks=args.forks,
-                      any_errors_fatal=args.any_errors_fatal, lock_wait=args.lock_wait,
-                      health_timeout=args.health_timeout, known_hosts=tuple(args.known_hosts),
-                      command=command, templates=args.templates, cycle=rollout.cycle_options(args, "deploy"),
-                      rollout=rollout.rollout_options(args, "deploy", preflight=args.serial is not None))
     exp = playbook_checks(args.playbook)
-    runner = Runner(ctx, connector(args), options, expectations=exp)
-    with console.HostProgress("deploy" + (" (check mode)" if args.check else "")) as progress:
-        runner.fleet.progress = progress.update
-        results = runner.run(hosts)
+    with balancers(args, inventory, ctx, apply=[h.name for h in chosen_balancers]) as lb:
+        options = Options(check=args.check, diff=args.diff, prune=args.prune, forks=args.forks,
+                          any_errors_fatal=args.any_errors_fatal, lock_wait=args.lock_wait,
+                          health_timeout=args.health_timeout, known_hosts=tuple(args.known_hosts),
+                          command=command, templates=args.templates,
+                          cycle=rollout.cycle_options(args, "deploy", lb.control, lb.plans),
+                          rollout=rollout.rollout_options(args, "deploy", preflight=args.serial is not None,
+                                                          balancers=lb.names),
+                          balancer_setup=lb.setup, render_balancer=render_balancer)
+        runner = Runner(ctx, connector(args), options, expectations=exp)
+        with console.HostProgress("deploy" + (" (check mode)" if args.check else "")) as progress:
+            runner.fleet.progress = progress.update
+            results = runner.run(hosts)
     return _finish(args, "deploy", results, runner.stopped_by, runner.report)
 
 
@@ -232,18 +303,20 @@ def _finish(args: argparse.Namespace, name: str, results: list[HostResult], stop
 def _restart(args: argparse.Namespace, mode: str) -> int:
     from ernie_deploy.orchestration.restart import Restarter, RestartOptions
     from ernie_deploy.output import console
-    _, ctx, hosts = targets(args)
+    inventory, ctx, hosts = targets(args)
     command = f"ernie-deploy {mode}" + (" --check" if args.check else "")
-    cycle = dataclasses.replace(rollout.cycle_options(args, mode), health_timeout=args.health_timeout)
-    options = RestartOptions(mode=mode, instance=args.instance, to=getattr(args, "to", None), check=args.check,
-                             forks=args.forks, lock_wait=args.lock_wait, known_hosts=tuple(args.known_hosts),
-                             command=command, templates=args.templates, cycle=cycle,
-                             rollout=rollout.rollout_options(args, mode, preflight=True))
     exp = playbook_checks(args.playbook)
-    restarter = Restarter(ctx, connector(args), options, expectations=exp)
-    with console.HostProgress(mode + (" (check mode)" if args.check else "")) as progress:
-        restarter.fleet.progress = progress.update
-        results = restarter.run(hosts)
+    with balancers(args, inventory, ctx) as lb:
+        cycle = dataclasses.replace(rollout.cycle_options(args, mode, lb.control, lb.plans),
+                                    health_timeout=args.health_timeout)
+        options = RestartOptions(mode=mode, instance=args.instance, to=getattr(args, "to", None), check=args.check,
+                                 forks=args.forks, lock_wait=args.lock_wait, known_hosts=tuple(args.known_hosts),
+                                 command=command, templates=args.templates, cycle=cycle,
+                                 rollout=rollout.rollout_options(args, mode, preflight=True, balancers=lb.names))
+        restarter = Restarter(ctx, connector(args), options, expectations=exp)
+        with console.HostProgress(mode + (" (check mode)" if args.check else "")) as progress:
+            restarter.fleet.progress = progress.update
+            results = restarter.run(hosts)
     return _finish(args, mode, results, restarter.stopped_by, restarter.report)
 
 
@@ -327,7 +400,7 @@ def cmd_lock(args: argparse.Namespace) -> int:
     from ernie_deploy.orchestration.hosts import lock_state
     from ernie_deploy.orchestration.results import exit_code
     from ernie_deploy.output.remote import show_locks
-    _, _, hosts = targets(args)
+    _, _, hosts = selected(args)  # a balancer host has a deploy lock too (deploy applies its configuration)
     results = lock_state(Fleet(connector(args), fleet_options(args)), hosts, break_=args.break_, force=args.force)
     show_locks(results)
     return exit_code([r for r, _ in results])

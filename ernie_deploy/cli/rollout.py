@@ -9,8 +9,12 @@ from typing import TYPE_CHECKING
 from ernie_deploy.errors import DeployError
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from ernie_deploy.orchestration.balancers import BalancerControl
     from ernie_deploy.orchestration.cycle import CycleOptions
     from ernie_deploy.orchestration.rollout import Report, RolloutOptions
+    from ernie_deploy.planning.balancer import BalancerPlan
 
 
 def add_options(p: argparse.ArgumentParser, *, rollback: bool = True, instance: bool = False) -> None:
@@ -46,6 +50,11 @@ def add_options(p: argparse.ArgumentParser, *, rollback: bool = True, instance: 
                    help="restart all of a host's instances at once instead of one at a time")
     g.add_argument("--force", action="store_true",
                    help="start the rollout although instances in scope are already down")
+    g.add_argument("--no-balancer", action="store_true",
+                   help="leave the inventory's balancers (group vllm_balancers) alone: no drain before and no "
+                        "ready after each restart, and deploy applies no balancer configuration. Only for a "
+                        "balancer that is down or cannot be planned, when you accept that requests it sends to an "
+                        "instance while that restarts are lost (the output says the balancers were not driven)")
     g.add_argument("--resume", action="store_true",
                    help="continue a stopped rollout (same inventory, --limit, --instance) with its next batch: "
                         "first post-ready for instances it left out of the load balancer, and its own stale "
@@ -59,15 +68,18 @@ def add_options(p: argparse.ArgumentParser, *, rollback: bool = True, instance: 
                    help="draw the rollout as FILE.svg or FILE.html: one row per instance, its phases on a time axis")
 
 
-def cycle_options(args: argparse.Namespace, command: str) -> CycleOptions:
+def cycle_options(args: argparse.Namespace, command: str, balancers: BalancerControl | None = None,
+                  plans: Sequence[BalancerPlan] = ()) -> CycleOptions:
     from ernie_deploy.orchestration.cycle import CycleOptions
     return CycleOptions(command=command, pre_drain=args.pre_drain, post_ready=args.post_ready,
                         hook_timeout=args.hook_timeout, idle_timeout=args.idle_timeout,
                         gpu_timeout=args.gpu_release_timeout, parallel_instances=args.parallel_instances,
-                        rollback=not getattr(args, "no_rollback", False))
+                        rollback=not getattr(args, "no_rollback", False), balancers=balancers,
+                        balancer_plans=tuple(plans))
 
 
-def rollout_options(args: argparse.Namespace, command: str, *, preflight: bool) -> RolloutOptions:
+def rollout_options(args: argparse.Namespace, command: str, *, preflight: bool,
+                    balancers: Sequence[str] = ()) -> RolloutOptions:
     from ernie_deploy.orchestration import resume
     from ernie_deploy.orchestration.rollout import RolloutOptions, serial_of
     from ernie_deploy.planning.batches import parse_percentage
@@ -83,7 +95,8 @@ def rollout_options(args: argparse.Namespace, command: str, *, preflight: bool) 
         serial=serial_of(args.serial, "--serial") if args.serial is not None else None, rolling=True,
         canary=args.canary,
         max_fail_percentage=parse_percentage(args.max_fail_percentage) if args.max_fail_percentage else None,
-        force=args.force, preflight=preflight, resume_key=key, resume=args.resume, command=command)
+        force=args.force, preflight=preflight, resume_key=key, resume=args.resume, command=command,
+        balancer_hosts=tuple(balancers))
 
 
 def write_timeline(args: argparse.Namespace, report: Report, title: str) -> None:

@@ -1,4 +1,5 @@
-"""`ernie-deploy run PLAYBOOK`: read and check the whole playbook, then run its plays; thin."""
+"""`ernie-deploy run PLAYBOOK`: read and check the whole playbook, then run its plays; thin. The inventory's
+balancers are planned once for the run and driven by its rolling tasks as `restart` drives them."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ernie_deploy.cli.remote import connector, ssh_options, targets
+from ernie_deploy.cli.remote import balancers, connector, selected, ssh_options
 from ernie_deploy.errors import ConfigError, DeployError, ExitCode, InventoryError
 from ernie_deploy.output.schemas import RUN_SCHEMA
 
@@ -46,6 +47,12 @@ def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
                    help="allow the playbook's `command` tasks (arbitrary commands as root on the hosts)")
     p.add_argument("--lock-wait", type=float, default=0.0, metavar="S", help="wait up to S seconds for a held lock")
     p.add_argument("--templates", type=Path, metavar="DIR", help="your own vllm.service.j2 / vllm.env.j2")
+    p.add_argument("--no-balancer", action="store_true",
+                   help="leave the inventory's balancers (group vllm_balancers) alone: no drain before and no "
+                        "ready after each restart of rolling and restart tasks, and converge and rolling tasks "
+                        "apply no balancer configuration. Only for a balancer that is down or cannot be planned, "
+                        "when you accept that requests it sends to an instance while that restarts are lost (the "
+                        "output says the balancers were not driven)")
     p.add_argument("--list-tasks", action="store_true", help="list the plays and tasks that would run, then stop")
     p.add_argument("--json", action="store_true", help=f"machine-readable results (schema {RUN_SCHEMA})")
     p.set_defaults(func=cmd_run)
@@ -73,7 +80,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ernie_deploy.orchestration.results import exit_code
     from ernie_deploy.output.remote import say_stopped
     from ernie_deploy.output.run import confirm, show_run, show_tasks
-    inventory, ctx, _ = targets(args)
+    # Every host --limit selects, balancers included: a play's converge and rolling tasks apply their configuration.
+    inventory, ctx, _ = selected(args)
     book = read(args.playbook, inventory, _split(args.tags), _split(args.skip_tags))
     tasks = [(p, t) for p in book.plays for t in p.tasks]
     if not tasks:
@@ -93,13 +101,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.list_tasks:
         show_tasks(book)
         return ExitCode.OK
-    options = RunOptions(base_dir=args.inventory.resolve().parent, check=args.check, diff=args.diff,
-                         forks=args.forks, lock_wait=args.lock_wait, known_hosts=tuple(args.known_hosts),
-                         templates=args.templates, limit=args.limit,
-                         command=f"ernie-deploy run {args.playbook.name}" + (" --check" if args.check else ""))
-    runner = PlaybookRunner(inventory, ctx, connector(args), options, _starter(args), _finished(args),
-                            confirm=confirm if interactive else None)
-    records = runner.run(book)
+    with balancers(args, inventory, ctx) as lb:
+        options = RunOptions(base_dir=args.inventory.resolve().parent, check=args.check, diff=args.diff,
+                             forks=args.forks, lock_wait=args.lock_wait, known_hosts=tuple(args.known_hosts),
+                             templates=args.templates, limit=args.limit,
+                             command=f"ernie-deploy run {args.playbook.name}" + (" --check" if args.check else ""),
+                             balancer_hosts=lb.names, balancer_plans=lb.plans, balancers=lb.control)
+        runner = PlaybookRunner(inventory, ctx, connector(args), options, _starter(args), _finished(args),
+                                confirm=confirm if interactive else None)
+        records = runner.run(book)
     results = [r for rec in records for r in rec.results]
     code = exit_code(results, runner.stopped_by)
     if code == ExitCode.OK and runner.ended:

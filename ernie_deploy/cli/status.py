@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ernie_deploy.cli.remote import connector, fleet_options, ssh_options, targets
+from ernie_deploy.cli.remote import BalancerWiring, balancers, connector, fleet_options, ssh_options, targets
 from ernie_deploy.errors import DeployError, ExitCode
 from ernie_deploy.output.schemas import STATUS_SCHEMA
 
 if TYPE_CHECKING:
     from ernie_deploy.orchestration.transport import Transport
+
+log = logging.getLogger(__name__)
 
 
 def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
@@ -27,7 +31,10 @@ def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
                                    "behind or held (`ernie-deploy lock -i INV --break` breaks every stale one), "
                                    "drop-ins, units the plan no longer has, vLLM processes outside the managed "
                                    "units, instances down. Exit codes: 0 no drift, 2 drift (or a plan error), 4 "
-                                   "unreachable.")
+                                   "unreachable. With a vllm_balancers group, each instance also shows its "
+                                   "server's state on every balancer (UP, DRAIN, DOWN, MAINT; sessions and weight "
+                                   "with -v), each balancer gets a row, and a serving instance out of rotation is "
+                                   "drift; a balancer that cannot be read counts as unreachable (exit 4).")
     common(p)
     ssh_options(p)
     p.add_argument("--templates", type=Path, metavar="DIR", help="the templates deploy used (as for deploy)")
@@ -54,15 +61,23 @@ def cmd_status(args: argparse.Namespace) -> int:
     from ernie_deploy.output import console
     from ernie_deploy.output.remote import say_stopped
     from ernie_deploy.output.status import show_status
-    _, ctx, hosts = targets(args)
+    inventory, ctx, hosts = targets(args)
     fleet = Fleet(connector(args), fleet_options(args))
-    reader = StatusReader(ctx, fleet, args.templates)
-    with console.HostProgress("status") as progress:
-        fleet.progress = progress.update
-        results = reader.run(hosts)
+    with contextlib.ExitStack() as stack:
+        try:
+            lbs = stack.enter_context(balancers(args, inventory, ctx))
+        except DeployError as exc:
+            # Status is how an operator finds what is wrong: a host that does not plan must not hide the rest.
+            log.warning("balancers not read: %s", exc)
+            lbs = BalancerWiring()
+        reader = StatusReader(ctx, fleet, args.templates, balancers=lbs.control, balancer_plans=lbs.plans)
+        with console.HostProgress("status") as progress:
+            fleet.progress = progress.update
+            results = reader.run(hosts)
     code = exit_code(results, fleet.signal)
     say_stopped(fleet.signal)
-    show_status(results, reader.reports, code, json=args.json)
+    show_status(results, reader.reports, code, json=args.json, balancers=reader.balancer_reports,
+                verbose=args.verbose > 0)
     return code
 
 

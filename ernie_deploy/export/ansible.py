@@ -5,11 +5,19 @@ templates whose only variables are the secrets; the inventory is the user's with
 replaced by a reference to a vault variable. The role (content/roles/ernie_vllm) uses ansible.builtin only,
 and keeps ernie-deploy's record on the host through one stdlib program (hostscript.py). Pure: files in,
 files out; the CLI writes them.
+
+With balancers in the inventory (group vllm_balancers, planning/balancer.py), a second role
+(content/roles/ernie_balancer) installs each one's rendered HAProxy configuration, and the rolling cycle drains
+every instance through each fronting balancer's runtime API before it stops and sets it ready once it verified.
+The balancer tasks of the shared content sit between `# >>> balancers` and `# <<< balancers` lines: an export
+without balancers drops them, so it stays what it was before balancers existed, byte for byte.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import posixpath
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -20,7 +28,8 @@ from typing import Any
 import yaml
 
 from ernie_deploy.errors import InventoryError
-from ernie_deploy.export.program import host_program
+from ernie_deploy.export.program import host_program, regions
+from ernie_deploy.planning.balancer import BalancerPlan, unit_dropin
 from ernie_deploy.planning.batches import SerialItem
 from ernie_deploy.planning.hostpaths import ENV_DIR, UNIT_DIR, local_url
 from ernie_deploy.planning.plantypes import HostPlan
@@ -28,7 +37,11 @@ from ernie_deploy.planning.render import RenderedFile
 from ernie_deploy.planning.settings import SECRET_VARS, SETTING_TYPES, Secret
 
 ROLE = "roles/ernie_vllm"
+BALANCER_ROLE = "roles/ernie_balancer"
 GROUP = "ernie_export"  # the hosts of the export, added to the inventory: the plays run on exactly these
+BALANCER_GROUP = "ernie_balancers"  # the balancer hosts of the export (group vllm_balancers, as --limit kept them)
+# HAProxy's default-server `rise`: checks a server passes before it is UP (templates/haproxy.cfg.j2).
+RISE = 2
 MARKER = ".ernie-export"  # names a directory as an export, so a re-export may replace it
 # Inventory variables holding secrets: the vllm_* settings marked secret, and hf_token.
 SECRET_KEYS = frozenset({f"vllm_{name}" for name, t in SETTING_TYPES.items() if t.secret} | set(SECRET_VARS))
@@ -54,20 +67,74 @@ class ExportFile:
     mode: int = 0o644
 
 
-def env_template(text: str, plan: HostPlan) -> str:
-    """A rendered env file (with sentinels for secret values) as a Jinja template for Ansible's `template`:
-    literal text stays literal, each sentinel becomes its inventory variable."""
+def _template(text: str, variables: Mapping[str, str]) -> str:
+    """Rendered text holding sentinels as a Jinja template for Ansible's `template`: literal text stays literal,
+    each sentinel (a key of `variables`) becomes its variable."""
     if _JINJA.search(text):
         text = "{% raw %}" + text + "{% endraw %}"
         close, reopen = "{% endraw %}", "{% raw %}"
     else:
         close = reopen = ""
+    for sentinel, var in variables.items():
+        text = text.replace(sentinel, f"{close}{{{{ {var} }}}}{reopen}")
+    return text
+
+
+def env_template(text: str, plan: HostPlan) -> str:
+    """A rendered env file (with sentinels for secret values) as a template whose variables are the secrets'
+    inventory variables."""
+    variables = {}
     for env_name in plan.secrets:
         var = ENV_SECRET_VAR.get(env_name)
         if var is None:
             raise InventoryError(f"secret {env_name} has no inventory variable to export", where=plan.name)
-        text = text.replace(_SENTINEL.format(env_name), f"{close}{{{{ {var} }}}}{reopen}")
-    return text
+        variables[_SENTINEL.format(env_name)] = var
+    return _template(text, variables)
+
+
+def masked_balancer(plan: BalancerPlan) -> BalancerPlan:
+    """The balancer's plan with a sentinel in place of each backend's API key, for rendering into the export."""
+    backends = tuple(dataclasses.replace(b, api_key=Secret(_SENTINEL.format(f"balancer-{i}")))
+                     if b.api_key is not None else b for i, b in enumerate(plan.backends))
+    return dataclasses.replace(plan, backends=backends)
+
+
+def balancer_template(text: str, plan: BalancerPlan, vault: _Vault) -> tuple[str, list[str]]:
+    """A configuration rendered from masked_balancer(plan) as a template whose only variables are the vault
+    variables of the backends' API keys (the names the inventory's vllm_api_key values got); and those names."""
+    variables = {}
+    for i, backend in enumerate(plan.backends):
+        if backend.api_key is not None:
+            variables[_SENTINEL.format(f"balancer-{i}")] = vault.name("vllm_api_key", backend.api_key.reveal())
+    return _template(text, variables), sorted(set(variables.values()))
+
+
+def balancer_dropin(plan: BalancerPlan) -> str:
+    """HAProxy's unit drop-in for the balancer ("" for none): the text `ernie-deploy deploy` writes."""
+    return unit_dropin(plan.config_path, posixpath.dirname(plan.admin_socket)) or ""
+
+
+def balancer_vars(plan: BalancerPlan, secret_vars: Sequence[str]) -> dict[str, Any]:
+    return {"ernie_balancer_config": plan.config_path, "ernie_balancer_admin_socket": plan.admin_socket,
+            "ernie_balancer_dropin": balancer_dropin(plan).splitlines(),
+            "ernie_balancer_secret_vars": list(secret_vars)}
+
+
+def fronting(plan: HostPlan, balancers: Sequence[BalancerPlan]) -> dict[int, list[dict[str, Any]]]:
+    """Instance index → the balancers that front it: where to reach each one's runtime API, the names HAProxy
+    knows the instance by, and how many 1 s polls to give it to come UP (rise checks, twice, and 5 s)."""
+    out: dict[int, list[dict[str, Any]]] = {}
+    for instance in plan.instances:
+        for balancer in balancers:
+            found = balancer.server_for(plan.name, instance.index)
+            if found is not None:
+                backend, server = found
+                out.setdefault(instance.index, []).append({
+                    "host": balancer.host, "socket": balancer.admin_socket, "backend": backend.name,
+                    "server": server.name, "up_retries": math.ceil(2 * RISE * balancer.check_interval + 5)})
+    return out
+
+
 
 
 def host_files(plan: HostPlan, render: Callable[[HostPlan], list[RenderedFile]]) -> list[RenderedFile]:
@@ -76,7 +143,8 @@ def host_files(plan: HostPlan, render: Callable[[HostPlan], list[RenderedFile]])
     return render(masked)
 
 
-def host_vars(plan: HostPlan) -> dict[str, Any]:
+def host_vars(plan: HostPlan, balancers: Mapping[int, list[dict[str, Any]]] | None = None) -> dict[str, Any]:
+    """The host's plan for the role; `balancers` (from fronting) adds each instance's balancers."""
     return {
         "ernie_vllm_units": [i.unit for i in plan.instances],
         "ernie_vllm_instances": [{
@@ -84,6 +152,7 @@ def host_vars(plan: HostPlan) -> dict[str, Any]:
             "gpus": ",".join(str(g) for g in i.gpus),
             "tensor_parallel_size": i.tensor_parallel_size, "max_model_len": i.max_model_len,
             "served_model_name": i.served_model_name,
+            **({"balancers": balancers.get(i.index, [])} if balancers is not None else {}),
         } for i in plan.instances],
         # Instances sharing GPUs keep each other's processes on them: no "GPUs free" wait there.
         "ernie_vllm_gpu_wait": not plan.tuning.share_gpus,
@@ -101,13 +170,16 @@ class _Vault:
     def __init__(self) -> None:
         self.names: dict[tuple[str, str], str] = {}
 
-    def ref(self, key: str, value: Any) -> str:
+    def name(self, key: str, value: Any) -> str:
         if not isinstance(value, str):
             value = str(value)
         if (key, value) not in self.names:
             count = sum(1 for k, _ in self.names if k == key)
             self.names[(key, value)] = f"vault_{key}" if count == 0 else f"vault_{key}_{count + 1}"
-        return "{{ " + self.names[(key, value)] + " }}"
+        return self.names[(key, value)]
+
+    def ref(self, key: str, value: Any) -> str:
+        return "{{ " + self.name(key, value) + " }}"
 
 
 def redact(data: Any, vault: _Vault, base: Path) -> Any:
@@ -141,14 +213,17 @@ def _yaml(data: Any, header: str = "") -> str:
     return header + yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=1000)
 
 
-def inventory_files(path: Path, hosts: Sequence[str], vault: _Vault) -> list[ExportFile]:
-    """The user's inventory (and group_vars/, host_vars/ beside it), secrets replaced, plus the export group."""
+def inventory_files(path: Path, hosts: Sequence[str], vault: _Vault,
+                    balancers: Sequence[str] = ()) -> list[ExportFile]:
+    """The user's inventory (and group_vars/, host_vars/ beside it), secrets replaced, plus the export's groups."""
     base = path.resolve().parent
     data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     if not isinstance(data, dict):
         raise InventoryError("the inventory is not a YAML mapping", where=str(path))
     redacted = redact(data, vault, base)
     redacted[GROUP] = {"hosts": dict.fromkeys(hosts, None)}
+    if balancers:
+        redacted[BALANCER_GROUP] = {"hosts": dict.fromkeys(balancers, None)}
     header = (f"# The inventory {path.name} as exported by ernie-deploy: every secret value is a reference to a\n"
               f"# vault variable (vault.example.yml); group {GROUP} holds the hosts of the export.\n")
     files = [ExportFile("inventory.yml", _yaml(redacted, header))]
@@ -209,14 +284,41 @@ PLAYBOOKS = {
 }
 
 
-def playbook_files(options: ExportOptions) -> list[ExportFile]:
+def _balancer_play() -> dict[str, Any]:
+    return {"name": "Balancers: HAProxy installed, its configuration as ernie-deploy rendered it, reloaded when it "
+                    "changed", "hosts": BALANCER_GROUP, "gather_facts": False, "roles": [{"role": "ernie_balancer"}]}
+
+
+def playbook_files(options: ExportOptions, balancers: bool = False) -> list[ExportFile]:
+    """The playbooks; with `balancers`, site.yml and rolling-restart.yml converge the balancers first, so every
+    instance a cycle drains is a server their configuration knows."""
     out = []
     for name, (action, restart_all, about) in PLAYBOOKS.items():
         header = f"---\n# {name}, written by ernie-deploy export ansible.\n# {about}\n"
         body = _play(name.removesuffix(".yml").replace("-", " "), options, action, restart_all,
                      f"ansible-playbook {name}")
+        if balancers and action != "verify":
+            header += ("# The balancers (group ernie_balancers) come first; each instance's cycle drains it through "
+                       "every\n# balancer fronting it before it stops and sets it ready once it verified.\n")
+            body = _yaml([_balancer_play()]) + body
         out.append(ExportFile(name, header + body))
     return out
+
+
+def balancer_files(balancers: Sequence[BalancerPlan], configs: Mapping[str, str], vault: _Vault) -> list[ExportFile]:
+    """The balancer role: its static content, and per balancer host its configuration template and its vars."""
+    if not balancers:
+        return []
+    files = [ExportFile(rel, _content(rel)) for rel in BALANCER_STATIC]
+    for plan in balancers:
+        if plan.host not in configs:
+            raise InventoryError("no rendered configuration for balancer", where=plan.host)
+        template, secret_vars = balancer_template(configs[plan.host], plan, vault)
+        # 0600 like the env templates: with an API key its text names the vault variable, not the value.
+        files.append(ExportFile(f"{BALANCER_ROLE}/templates/hosts/{plan.host}/haproxy.cfg.j2", template, 0o600))
+        files.append(ExportFile(f"{BALANCER_ROLE}/vars/hosts/{plan.host}.yml", _yaml(
+            balancer_vars(plan, secret_vars), f"---\n# {plan.host}'s balancer plan, from ernie-deploy export.\n")))
+    return files
 
 
 def _content(rel: str) -> str:
@@ -227,14 +329,21 @@ STATIC = ("roles/ernie_vllm/defaults/main.yml", "roles/ernie_vllm/handlers/main.
           "roles/ernie_vllm/tasks/main.yml", "roles/ernie_vllm/tasks/converge.yml",
           "roles/ernie_vllm/tasks/cycle.yml", "roles/ernie_vllm/tasks/verify_instance.yml",
           "ansible.cfg", "README.md")
+BALANCER_STATIC = ("roles/ernie_balancer/defaults/main.yml", "roles/ernie_balancer/handlers/main.yml",
+                   "roles/ernie_balancer/tasks/main.yml")
 
 
 def export_files(inventory: Path, plans: Sequence[HostPlan], rendered: Mapping[str, list[RenderedFile]],
-                 options: ExportOptions) -> list[ExportFile]:
-    """Every file of the export. `rendered` maps each host to its files rendered with host_files (masked)."""
+                 options: ExportOptions, balancers: Sequence[BalancerPlan] = (),
+                 configs: Mapping[str, str] | None = None, fronts: Sequence[BalancerPlan] = ()) -> list[ExportFile]:
+    """Every file of the export. `rendered` maps each host to its files rendered with host_files (masked).
+    `balancers` are the balancer hosts the export deploys, `configs` each one's configuration rendered from
+    masked_balancer; `fronts` every balancer of the inventory, which the cycles drive (also those --limit left
+    out: they front the exported instances all the same)."""
     vault = _Vault()
-    files = [ExportFile(rel, _content(rel)) for rel in STATIC]
-    files.append(ExportFile(f"{ROLE}/files/ernie_host.py", host_program(), 0o755))
+    driven = bool(fronts or balancers)
+    files = [ExportFile(rel, regions(_content(rel), driven)) for rel in STATIC]
+    files.append(ExportFile(f"{ROLE}/files/ernie_host.py", host_program(balancers=driven), 0o755))
     for plan in plans:
         for f in rendered[plan.name]:
             name = f.path.rsplit("/", 1)[1]
@@ -243,10 +352,13 @@ def export_files(inventory: Path, plans: Sequence[HostPlan], rendered: Mapping[s
             elif f.path.startswith(ENV_DIR + "/"):
                 files.append(ExportFile(f"{ROLE}/templates/hosts/{plan.name}/{name}.j2", env_template(f.content, plan),
                                         0o600))
+        instances = host_vars(plan, fronting(plan, fronts) if driven else None)
         files.append(ExportFile(f"{ROLE}/vars/hosts/{plan.name}.yml",
-                                _yaml(host_vars(plan), f"---\n# {plan.name}'s plan, from ernie-deploy export.\n")))
-    files += inventory_files(inventory, [p.name for p in plans], vault)
-    files += playbook_files(options)
+                                _yaml(instances, f"---\n# {plan.name}'s plan, from ernie-deploy export.\n")))
+    files += inventory_files(inventory, [p.name for p in plans], vault, [b.host for b in balancers])
+    # After the inventory: a balancer's API key is an inventory value already named there.
+    files += balancer_files(balancers, configs or {}, vault)
+    files += playbook_files(options, bool(balancers))
     names = sorted(set(vault.names.values()))
     example = ("# The vault variables the inventory refers to. Put the real values in an encrypted file:\n"
                "#   ansible-vault create vault.yml     (then: ansible-playbook site.yml -e @vault.yml "

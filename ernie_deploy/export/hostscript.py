@@ -6,6 +6,9 @@ the same audit log, releases and pending list (remote/lock.py, remote/state.py, 
 judges a start-up log the way ernie-deploy's checks do: `export ansible` fills DATA with the project's own
 regular expressions (checks/logscan.py, data/signatures.yml), and tests/test_export_checker.py runs this
 program and the project's checks over the same log fixtures and requires the same verdicts.
+# >>> balancers
+With balancers in the inventory it also drives their HAProxy through its admin socket (the `haproxy` command).
+# <<< balancers
 
 Standard library only, Python 3.8 syntax: it runs with the host's python3, which may be old.
 """
@@ -472,6 +475,92 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if "fail" in (tp, fatal) else 0
 
 
+# >>> balancers
+# --- HAProxy's runtime API (the balancers of docs/balancer.md) -------------------------------------------
+
+_HAPROXY_NAME = re.compile(r"[A-Za-z0-9_.:-]+")
+
+
+def haproxy_command(path: str, command: str, timeout: float = 10.0) -> str:
+    """Send one command to HAProxy's admin socket and return its whole answer: a non-interactive command gets
+    one answer, then HAProxy closes the connection (management.txt, section 9.3)."""
+    import socket  # here: an export without balancers ships no part of this command
+
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.settimeout(timeout)
+    try:
+        conn.connect(path)
+        conn.sendall(command.encode() + b"\n")
+        chunks = []
+        while True:
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        conn.close()
+    return b"".join(chunks).decode(errors="replace")
+
+
+def socket_problem(path: str, exc: OSError) -> str:
+    """Why HAProxy's admin socket could not be used, and what to do about it."""
+    if isinstance(exc, FileNotFoundError):
+        return (f"no HAProxy admin socket at {path}: HAProxy is not running with this configuration (its global "
+                "section needs `stats socket ... level admin`); run site.yml to deploy the balancer")
+    if isinstance(exc, PermissionError):
+        return f"permission denied on HAProxy's admin socket {path}: run as root or as a member of its group"
+    if isinstance(exc, ConnectionRefusedError):
+        return f"HAProxy's admin socket {path} refuses connections: HAProxy is not running (systemctl status haproxy)"
+    return f"HAProxy's admin socket {path}: {exc}"
+
+
+def server_stat(csv_text: str, backend: str, server: str) -> dict[str, Any] | None:
+    """One server's row of `show stat` (CSV whose first line, "# pxname,svname,...", names the columns)."""
+    lines = csv_text.splitlines()
+    if not lines or not lines[0].startswith("# "):
+        return None
+    columns = lines[0][2:].split(",")
+    for line in lines[1:]:
+        values = line.split(",")
+        row = {name: values[i] for i, name in enumerate(columns) if i < len(values)}
+        if row.get("pxname") == backend and row.get("svname") == server:
+            return {"backend": backend, "server": server, "status": row.get("status", ""),
+                    "scur": int(row.get("scur") or 0), "weight": int(row.get("weight") or 0)}
+    return None
+
+
+def cmd_haproxy(args: argparse.Namespace) -> int:
+    """`set`: one server's administrative state (drain or ready); HAProxy answers an empty line when it took the
+    command, an error text otherwise. `stat`: one server as `show stat` reports it, as JSON."""
+    backend, _, server = args.server.partition("/")
+    # HAProxy's own name characters only: a space or newline would smuggle a second runtime command in.
+    if not (_HAPROXY_NAME.fullmatch(backend) and _HAPROXY_NAME.fullmatch(server)):
+        print(f"{args.server!r} is not BACKEND/SERVER in HAProxy's name characters (letters, digits, - _ . :)")
+        return 2
+    if args.action == "set" and args.state is None:
+        print("set needs the state: drain or ready")
+        return 2
+    try:
+        if args.action == "set":
+            answer = haproxy_command(args.socket, f"set server {backend}/{server} state {args.state}").strip()
+            if answer:
+                print(f"HAProxy refused `set server {backend}/{server} state {args.state}`: {answer}")
+                return 1
+            print(f"{backend}/{server} {args.state}")
+            return 0
+        stat = server_stat(haproxy_command(args.socket, "show stat"), backend, server)
+    except OSError as exc:
+        print(socket_problem(args.socket, exc))
+        return 1
+    if stat is None:
+        print(f"HAProxy's show stat has no server {backend}/{server}: its configuration does not front this "
+              "instance yet; run site.yml to deploy the balancer")
+        return 1
+    print(json.dumps(stat, sort_keys=True))
+    return 0
+
+
+# <<< balancers
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ernie_host.py", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd")
@@ -520,6 +609,14 @@ def parser() -> argparse.ArgumentParser:
     q.add_argument("--tp", type=int, required=True)
     q.add_argument("--log", help="judge this file instead of the unit's journal")
     q.set_defaults(func=cmd_check)
+    # >>> balancers
+    q = sub.add_parser("haproxy", help="one command to HAProxy's runtime API on this host")
+    q.add_argument("--socket", required=True, help="HAProxy's admin socket (stats socket ... level admin)")
+    q.add_argument("action", choices=("set", "stat"))
+    q.add_argument("server", help="BACKEND/SERVER")
+    q.add_argument("state", nargs="?", choices=("drain", "ready"), help="for set: the state to put it in")
+    q.set_defaults(func=cmd_haproxy)
+    # <<< balancers
     return p
 
 

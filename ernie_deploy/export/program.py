@@ -12,6 +12,11 @@ from ernie_deploy.checks import logscan
 from ernie_deploy.checks.signatures import MAX_SPAN, Signature, load_signatures
 from ernie_deploy.planning import hostpaths
 
+# Text that only an export with balancers ships lies between these lines (each on a line of its own, indented as
+# the code around it); an export without balancers drops it whole, so it stays byte for byte what it was before
+# balancers existed.
+_REGION = re.compile(r"^[ \t]*# >>> balancers\n.*?^[ \t]*# <<< balancers\n", re.M | re.S)
+_REGION_LINE = re.compile(r"^[ \t]*# (?:>>>|<<<) balancers\n", re.M)
 _DATA_LINE = "DATA: dict[str, Any] = {}  # replaced by `ernie-deploy export ansible` with the checks' patterns\n"
 
 
@@ -26,10 +31,17 @@ def checker_data(signatures: tuple[Signature, ...] | None = None) -> dict[str, A
     }
 
 
-def host_program(signatures: tuple[Signature, ...] | None = None) -> str:
-    """hostscript.py as it ships in the role: DATA holds the patterns (plain JSON, read with json.loads), and the
-    host paths are ernie-deploy's own (planning/hostpaths.py)."""
-    source = (resources.files("ernie_deploy.export") / "hostscript.py").read_text(encoding="utf-8")
+def regions(text: str, balancers: bool) -> str:
+    """Shared content with its balancer regions: kept (their marker lines dropped) or dropped whole."""
+    return _REGION_LINE.sub("", text) if balancers else _REGION.sub("", text)
+
+
+def host_program(signatures: tuple[Signature, ...] | None = None, balancers: bool = True) -> str:
+    """hostscript.py as it ships in the role: DATA holds the patterns (plain JSON, read with json.loads), the
+    host paths are ernie-deploy's own (planning/hostpaths.py), and the `haproxy` command is there only for an
+    export with balancers."""
+    source = regions((resources.files("ernie_deploy.export") / "hostscript.py").read_text(encoding="utf-8"),
+                     balancers)
     if source.count(_DATA_LINE) != 1:
         raise AssertionError("hostscript.py lost its DATA line")
     for name in hostpaths.EXPORTED:

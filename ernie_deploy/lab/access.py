@@ -11,9 +11,15 @@ from typing import Any
 
 import yaml
 
-from ernie_deploy.lab.spec import HostSpec
+from ernie_deploy.lab.spec import BalancerSpec, HostSpec
 
 LAB_MODEL = "/models/ERNIE-4.5-0.3B-PT"
+# The inventory group whose hosts run HAProxy in front of every vLLM instance (docs/balancer.md).
+BALANCER_GROUP = "vllm_balancers"
+BALANCER_PORT = 8080
+# Seconds between HAProxy's health checks of a server: a restarted instance is UP again about two checks after
+# it serves (rise 2), so a short interval keeps rehearsals quick.
+BALANCER_CHECK_INTERVAL = 1
 
 
 def ensure_key(path: Path) -> str:
@@ -60,19 +66,40 @@ def cpu_binds(hosts: Sequence[HostSpec], cpus: int) -> dict[str, str]:
     return binds
 
 
-def inventory(hosts: Sequence[HostSpec], key: Path, known_hosts: Path, wheelhouse: Path,
-              model_source: Path, index_url: str | None = None, cpus: int = 1) -> dict[str, Any]:
-    """An Ansible YAML inventory: `all: children: lab: hosts:` (simulated hosts) and `lab_real: hosts:`
-    (real-vLLM hosts, when the spec has any) with the group vars deploy and provisioning read. Each host pins
-    the vLLM version it has installed (or, bare, is to get); `vllm_bin` is left to its per-version default,
-    as on a provisioned box."""
-    access_vars = {
+def frontend_url(balancer: BalancerSpec) -> str:
+    return f"http://{balancer.address}:{BALANCER_PORT}"
+
+
+def _login_vars(key: Path, known_hosts: Path) -> dict[str, Any]:
+    return {
         "ansible_user": "root",
         "ansible_port": 22,
         "ansible_ssh_private_key_file": str(key),
         "ernie_known_hosts": str(known_hosts),
-        "vllm_model": LAB_MODEL,
     }
+
+
+def balancer_group(balancers: Sequence[BalancerSpec], key: Path, known_hosts: Path) -> dict[str, Any]:
+    """The `vllm_balancers` group: each balancer's HAProxy listens on its own loopback address (lab hosts share
+    this machine's network, so 0.0.0.0 would collide with the other lab hosts' ports)."""
+    return {
+        "hosts": {b.name: {"ansible_host": b.address, "vllm_balancer_bind": b.address} for b in balancers},
+        "vars": {
+            **_login_vars(key, known_hosts),
+            "vllm_balancer_port": BALANCER_PORT,
+            "vllm_balancer_check_interval": BALANCER_CHECK_INTERVAL,
+        },
+    }
+
+
+def inventory(hosts: Sequence[HostSpec], key: Path, known_hosts: Path, wheelhouse: Path,
+              model_source: Path, index_url: str | None = None, cpus: int = 1,
+              balancers: Sequence[BalancerSpec] = ()) -> dict[str, Any]:
+    """An Ansible YAML inventory: `all: children: lab: hosts:` (simulated hosts), `lab_real: hosts:`
+    (real-vLLM hosts, when the spec has any) with the group vars deploy and provisioning read, and
+    `vllm_balancers` (the spec's balancer hosts, when it has any). Each host pins the vLLM version it has
+    installed (or, bare, is to get); `vllm_bin` is left to its per-version default, as on a provisioned box."""
+    access_vars = {**_login_vars(key, known_hosts), "vllm_model": LAB_MODEL}
 
     def host_vars(h: HostSpec) -> dict[str, Any]:
         # Lab hosts share this machine's network, so each vLLM binds its own address.
@@ -115,13 +142,16 @@ def inventory(hosts: Sequence[HostSpec], key: Path, known_hosts: Path, wheelhous
                 "vllm_stable_seconds": REAL_STABLE_SECONDS,
             },
         }
+    if balancers:
+        groups[BALANCER_GROUP] = balancer_group(balancers, key, known_hosts)
     return {"all": {"children": groups}}
 
 
 def write_inventory(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     header = ("# Written by `ernie-deploy lab up`; removed by `lab down`. GPUs are simulated; vLLM is simulated\n"
-              "# on the hosts of group lab and real (its CPU build) on those of lab_real (docs/lab.md).\n")
+              "# on the hosts of group lab and real (its CPU build) on those of lab_real; the hosts of group\n"
+              "# vllm_balancers run HAProxy in front of them once deployed (docs/lab.md).\n")
     path.write_text(header + yaml.safe_dump(data, sort_keys=False, default_flow_style=False))
 
 

@@ -1,4 +1,5 @@
-"""The rehearsal lab as a Python API: `Lab().up(spec)`, `.status()`, `.ssh(host, cmd)`, `.down()`.
+"""The rehearsal lab as a Python API: `Lab().up(spec)`, `.status()`, `.balancer_status()`, `.ssh(host, cmd)`,
+`.down()`.
 
 `up` on a lab that is already running with the same spec and reachable hosts returns the running lab
 after copying the current simulators into it (nothing else changes); with a different spec it refuses
@@ -20,6 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from ernie_deploy.errors import DeployError
 from ernie_deploy.lab import access, containers, machine, pkgindex, realvllm, rootfs, sources
@@ -40,6 +42,15 @@ class HostStatus:
     pid: int | None
     gpu_model: str
     gpu_count: int
+
+
+@dataclass(frozen=True)
+class BalancerStatus:
+    name: str
+    address: str
+    state: str  # as HostStatus.state: whether its container runs and its sshd answers (not HAProxy's state)
+    pid: int | None
+    frontend: str  # where clients reach HAProxy once `deploy` configured it
 
 
 def _quiet(_message: str) -> None:
@@ -81,7 +92,7 @@ class Lab:
         preflight()
         spec = spec or load_spec()
         started = time.monotonic()
-        wanted = [asdict(h) for h in spec.hosts]
+        wanted = [*(asdict(h) for h in spec.hosts), *(asdict(b) for b in spec.balancers)]
         previous = self.state
         if previous is not None:
             same = previous.spec_hosts == wanted
@@ -91,7 +102,7 @@ class Lab:
                 for h in previous.hosts:
                     machine.install_simulators(h.root)
                 sources.wheelhouse(self.dir, spec)
-                self.progress(f"the lab is already running ({len(previous.hosts)} hosts); "
+                self.progress(f"the lab is already running ({len(previous.machines)} hosts); "
                               "simulators refreshed, nothing else to do")
                 restarted = self._ensure_index(previous, spec)
                 target = inventory_out.resolve() if inventory_out is not None else Path(previous.inventory)
@@ -99,12 +110,12 @@ class Lab:
                     self._write_inventory(previous, spec, target)
                 previous.save()
                 return previous
-            alive = sum(1 for h in previous.hosts if h.pid and containers.is_ours(h.pid, h.root))
+            alive = sum(1 for h in previous.machines if h.pid and containers.is_ours(h.pid, h.root))
             if not same and alive:
                 raise DeployError(
-                    f"a different lab is already running here ({len(previous.hosts)} hosts from "
+                    f"a different lab is already running here ({len(previous.machines)} hosts from "
                     f"{previous.spec_source})", where=str(self.dir), hint="run `ernie-deploy lab down` first")
-            self.progress(f"cleaning up a lab that is not healthy ({alive} of {len(previous.hosts)} "
+            self.progress(f"cleaning up a lab that is not healthy ({alive} of {len(previous.machines)} "
                           "containers still running); booting it again")
             self._teardown(previous)
         self._clean_leftovers(spec)
@@ -132,52 +143,64 @@ class Lab:
             raise
         state.save()
         total = time.monotonic() - started
-        self.progress(f"{len(state.hosts)} hosts SSH-ready {state.ready_seconds:.1f} s after boot "
+        self.progress(f"{len(state.machines)} hosts SSH-ready {state.ready_seconds:.1f} s after boot "
                       f"(lab up took {total:.1f} s in all)")
         return state
 
     def _boot(self, state: LabState, spec: LabSpec, base: Path, public_key: str) -> None:
         host_keys: dict[str, str] = {}
-        self.progress(f"preparing {len(spec.hosts)} hosts")
+        self.progress(f"preparing {len(spec.hosts) + len(spec.balancers)} hosts")
         for host in spec.hosts:
-            machine_dir = self.dir / "machines" / host.name
-            hs = HostState(
-                name=host.name, address=host.address, gpu_model=host.gpu_model, gpu_count=host.gpu_count,
-                gpus=[g.to_json() for g in host.gpus], machine_dir=str(machine_dir), mode="",
-                cgroups=[str(d) for d in containers.cgroup_dirs(self.dir, host.name)],
-                log=str(self.dir / "logs" / f"{host.name}.log"),
-            )
+            hs = self._machine_state(host.name, host.address, gpu_model=host.gpu_model, gpu_count=host.gpu_count,
+                                     gpus=[g.to_json() for g in host.gpus])
             state.hosts.append(hs)
             state.save()  # record the machine dir before mounting, so a crash right after can be cleaned
-            hs.mode = machine.create_root(base, machine_dir)
+            hs.mode = machine.create_root(base, Path(hs.machine_dir))
             host_keys[host.address] = machine.provision(hs.root, host, public_key)
+        for balancer in spec.balancers:
+            hs = self._machine_state(balancer.name, balancer.address, gpu_model="", gpu_count=0, gpus=[],
+                                     frontend=access.frontend_url(balancer))
+            state.balancers.append(hs)
+            state.save()
+            hs.mode = machine.create_root(base, Path(hs.machine_dir))
+            host_keys[balancer.address] = machine.provision_balancer(hs.root, balancer, public_key)
         access.write_known_hosts(Path(state.known_hosts), host_keys)
-        self.progress(f"booting {len(spec.hosts)} containers")
-        for hs in state.hosts:
+        self.progress(f"booting {len(state.machines)} containers")
+        for hs in state.machines:
             Path(hs.log).write_bytes(b"")
             hs.pid = containers.start(hs.name, hs.root, Path(hs.log), [Path(c) for c in hs.cgroups])
             state.save()
 
+    def _machine_state(self, name: str, address: str, *, gpu_model: str, gpu_count: int,
+                       gpus: list[dict[str, Any]], frontend: str | None = None) -> HostState:
+        return HostState(
+            name=name, address=address, gpu_model=gpu_model, gpu_count=gpu_count, gpus=gpus,
+            machine_dir=str(self.dir / "machines" / name), mode="",
+            cgroups=[str(d) for d in containers.cgroup_dirs(self.dir, name)],
+            log=str(self.dir / "logs" / f"{name}.log"), frontend=frontend,
+        )
+
     def _wait_ready(self, state: LabState) -> float:
         boot_started = time.monotonic()
-        deadline = boot_started + READY_TIMEOUT_BASE_S + READY_TIMEOUT_PER_HOST_S * len(state.hosts)
+        machines = state.machines
+        deadline = boot_started + READY_TIMEOUT_BASE_S + READY_TIMEOUT_PER_HOST_S * len(machines)
         key, known = Path(state.key), Path(state.known_hosts)
         # On Ctrl-C the pollers must stop at once, or the teardown would wait for the full deadline.
         cancel = threading.Event()
-        pool = ThreadPoolExecutor(max_workers=min(16, len(state.hosts)))
+        pool = ThreadPoolExecutor(max_workers=min(16, len(machines)))
         try:
-            futures = [pool.submit(access.wait_ssh, h.address, key, known, deadline, cancel) for h in state.hosts]
+            futures = [pool.submit(access.wait_ssh, h.address, key, known, deadline, cancel) for h in machines]
             ready = [f.result() for f in futures]
         finally:
             cancel.set()
             pool.shutdown(wait=True, cancel_futures=True)
-        failed = [h for h, ok in zip(state.hosts, ready, strict=True) if not ok]
+        failed = [h for h, ok in zip(machines, ready, strict=True) if not ok]
         if failed:
             h = failed[0]
             alive = h.pid is not None and containers.is_ours(h.pid, h.root)
             tail = "\n".join(Path(h.log).read_text(errors="replace").splitlines()[-20:])
             raise DeployError(
-                f"{len(failed)} of {len(state.hosts)} hosts not SSH-ready in time "
+                f"{len(failed)} of {len(machines)} hosts not SSH-ready in time "
                 f"({', '.join(f.name for f in failed)}); {h.name}'s container is "
                 f"{'running' if alive else 'gone'}; its log ends:\n{tail}",
                 where=h.log, hint="see docs/lab.md, Troubleshooting")
@@ -206,13 +229,13 @@ class Lab:
         index_url = pkgindex.url(state.index_port) if state.index_port is not None else None
         access.write_inventory(path, access.inventory(spec.hosts, Path(state.key), Path(state.known_hosts),
                                                       self.dir / "wheelhouse", sources.model_source(self.dir),
-                                                      index_url, os.cpu_count() or 1))
+                                                      index_url, os.cpu_count() or 1, spec.balancers))
         state.inventory = str(path)
 
     # -- leftovers -------------------------------------------------------------------------------------
 
     def _healthy(self, state: LabState) -> bool:
-        return all(s.state == "ssh-ready" for s in self._statuses(state, wait_s=10.0))
+        return all(s.state == "ssh-ready" for s in self._statuses(state, state.machines, wait_s=10.0))
 
     def _clean_leftovers(self, spec: LabSpec) -> None:
         """Machine trees and cgroups that no state file mentions (e.g. the state file was deleted)."""
@@ -220,24 +243,27 @@ class Lab:
         if machines.is_dir():
             for d in machines.iterdir():
                 machine.remove_machine(d)
-        for host in spec.hosts:
-            dirs = [str(d) for d in containers.cgroup_dirs(self.dir, host.name)]
+        for name in [*(h.name for h in spec.hosts), *(b.name for b in spec.balancers)]:
+            dirs = [str(d) for d in containers.cgroup_dirs(self.dir, name)]
             containers.kill_cgroups(dirs)
             containers.remove_cgroups(dirs)
 
     def _check_addresses_free(self, spec: LabSpec) -> None:
-        for host in spec.hosts:
+        wanted = [(h.name, h.address, 22, "sshd") for h in spec.hosts]
+        for b in spec.balancers:
+            wanted += [(b.name, b.address, 22, "sshd"), (b.name, b.address, access.BALANCER_PORT, "HAProxy")]
+        for name, address, port, what in wanted:
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 try:
-                    s.bind((host.address, 22))
+                    s.bind((address, port))
                 except OSError as exc:
                     if exc.errno != errno.EADDRINUSE:
                         raise
                     raise DeployError(
-                        f"{host.address}:22 is already in use, so {host.name}'s sshd could not listen there",
-                        where=host.name,
-                        hint="another lab (other state dir?) or an sshd on 0.0.0.0:22 holds it; stop it, "
+                        f"{address}:{port} is already in use, so {name}'s {what} could not listen there",
+                        where=name,
+                        hint=f"another lab (other state dir?) or a service on 0.0.0.0:{port} holds it; stop it, "
                              "or set first_address in the spec") from exc
 
     # -- down ------------------------------------------------------------------------------------------
@@ -250,7 +276,7 @@ class Lab:
                 for d in (self.dir / "machines").iterdir():
                     machine.remove_machine(d)
             return False
-        self.progress(f"stopping {len(state.hosts)} containers")
+        self.progress(f"stopping {len(state.machines)} containers")
         self._teardown(state)
         return True
 
@@ -260,11 +286,11 @@ class Lab:
             if h.pid:
                 containers.stop(h.pid, h.root)
 
-        with ThreadPoolExecutor(max_workers=max(1, min(16, len(state.hosts)))) as pool:
-            list(pool.map(stop, state.hosts))
+        with ThreadPoolExecutor(max_workers=max(1, min(16, len(state.machines)))) as pool:
+            list(pool.map(stop, state.machines))
         if state.index_dir is not None:
             pkgindex.stop(state.index_pid, Path(state.index_dir))
-        for h in state.hosts:
+        for h in state.machines:
             containers.kill_cgroups(h.cgroups)  # only does something if nspawn died without a poweroff
             containers.remove_cgroups(h.cgroups)
             machine.remove_machine(Path(h.machine_dir))
@@ -287,10 +313,19 @@ class Lab:
     # -- status and access -----------------------------------------------------------------------------
 
     def status(self) -> list[HostStatus]:
+        """The GPU hosts' containers."""
         state = self.state
-        return [] if state is None else self._statuses(state, wait_s=10.0)
+        return [] if state is None else self._statuses(state, state.hosts, wait_s=10.0)
 
-    def _statuses(self, state: LabState, wait_s: float) -> list[HostStatus]:
+    def balancer_status(self) -> list[BalancerStatus]:
+        """The balancers' containers (whether HAProxy runs is `ernie-deploy status`'s business)."""
+        state = self.state
+        if state is None:
+            return []
+        return [BalancerStatus(s.name, s.address, s.state, s.pid, h.frontend or "")
+                for s, h in zip(self._statuses(state, state.balancers, wait_s=10.0), state.balancers, strict=True)]
+
+    def _statuses(self, state: LabState, machines: list[HostState], wait_s: float) -> list[HostStatus]:
         key, known = Path(state.key), Path(state.known_hosts)
 
         def one(h: HostState) -> HostStatus:
@@ -299,8 +334,8 @@ class Lab:
             return HostStatus(h.name, h.address, "ssh-ready" if ready else "running" if running else "stopped",
                               h.pid, h.gpu_model, h.gpu_count)
 
-        with ThreadPoolExecutor(max_workers=max(1, min(16, len(state.hosts)))) as pool:
-            return list(pool.map(one, state.hosts))
+        with ThreadPoolExecutor(max_workers=max(1, min(16, len(machines)))) as pool:
+            return list(pool.map(one, machines))
 
     def ssh(self, host: str | HostState, command: str, *, user: str = "root", input: str | None = None,
             timeout: float = 120.0, check: bool = False) -> subprocess.CompletedProcess[str]:

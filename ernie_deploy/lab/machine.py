@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ernie_deploy.errors import DeployError
 from ernie_deploy.lab import mounts, wheel
-from ernie_deploy.lab.spec import HostSpec
+from ernie_deploy.lab.spec import BalancerSpec, HostSpec
 
 SIM_DIR = wheel.SIM_DIR
 MODELS_DIR = wheel.PACKAGE_DIR / "data" / "models"
@@ -52,29 +52,7 @@ def remove_machine(machine_dir: Path) -> None:
 
 def provision(root: Path, host: HostSpec, lab_public_key: str) -> str:
     """Write the host's own files into its tree; returns its `ssh-ed25519 AAAA…` host public key."""
-    _write(root / "etc/hostname", f"{host.name}\n")
-    _write(root / "etc/hosts", f"127.0.0.1\tlocalhost\n{host.address}\t{host.name}\n")
-    _write(root / "etc/machine-id", uuid.uuid5(_MACHINE_ID_NAMESPACE, host.name).hex + "\n")
-
-    key = root / "etc/ssh/ssh_host_ed25519_key"
-    for f in (key, key.with_suffix(".pub")):
-        f.unlink(missing_ok=True)
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{host.name}", "-f", str(key)],
-                   check=True, capture_output=True)
-    _write(root / "etc/ssh/sshd_config.d/ernie-lab-listen.conf",
-           f"# Only this host's own loopback address: all lab hosts share the machine's network.\n"
-           f"ListenAddress {host.address}:22\n")
-
-    for user, home in (("root", "/root"), ("deploy", "/home/deploy")):
-        uid, gid = _ids(root, user)
-        ssh_dir = root / home.lstrip("/") / ".ssh"
-        ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        auth = ssh_dir / "authorized_keys"
-        auth.write_text(lab_public_key.strip() + "\n")
-        auth.chmod(0o600)
-        for p in (ssh_dir, auth):
-            os.chown(p, uid, gid)
-
+    host_key = _identity(root, host.name, host.address, lab_public_key)
     lab_etc = root / "etc/ernie-lab"
     lab_etc.mkdir(parents=True, exist_ok=True)
     _write(lab_etc / "gpus.json", json.dumps(host.gpus_json(), indent=2) + "\n")
@@ -86,6 +64,39 @@ def provision(root: Path, host: HostSpec, lab_public_key: str) -> str:
     install_simulators(root)
     if not host.bare:
         install_vllm(root, host.installed_version)
+    return host_key
+
+
+def provision_balancer(root: Path, balancer: BalancerSpec, lab_public_key: str) -> str:
+    """A balancer's tree: only its identity and SSH access. No GPUs, no simulators, no vLLM; HAProxy is in the
+    base tree, disabled, for `deploy` to configure and enable. Returns its host public key."""
+    return _identity(root, balancer.name, balancer.address, lab_public_key)
+
+
+def _identity(root: Path, name: str, address: str, lab_public_key: str) -> str:
+    """Hostname, machine id, sshd on `address` with a fresh host key, the lab key for root and deploy."""
+    _write(root / "etc/hostname", f"{name}\n")
+    _write(root / "etc/hosts", f"127.0.0.1\tlocalhost\n{address}\t{name}\n")
+    _write(root / "etc/machine-id", uuid.uuid5(_MACHINE_ID_NAMESPACE, name).hex + "\n")
+
+    key = root / "etc/ssh/ssh_host_ed25519_key"
+    for f in (key, key.with_suffix(".pub")):
+        f.unlink(missing_ok=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{name}", "-f", str(key)],
+                   check=True, capture_output=True)
+    _write(root / "etc/ssh/sshd_config.d/ernie-lab-listen.conf",
+           f"# Only this host's own loopback address: all lab hosts share the machine's network.\n"
+           f"ListenAddress {address}:22\n")
+
+    for user, home in (("root", "/root"), ("deploy", "/home/deploy")):
+        uid, gid = _ids(root, user)
+        ssh_dir = root / home.lstrip("/") / ".ssh"
+        ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        auth = ssh_dir / "authorized_keys"
+        auth.write_text(lab_public_key.strip() + "\n")
+        auth.chmod(0o600)
+        for p in (ssh_dir, auth):
+            os.chown(p, uid, gid)
     key_type, key_data = key.with_suffix(".pub").read_text().split()[:2]
     return f"{key_type} {key_data}"
 

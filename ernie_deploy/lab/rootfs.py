@@ -29,13 +29,15 @@ SUITE = "bookworm"
 # libnuma (its worker dies in init_cpu_memory_env without it) and, from TP 2 on, a C++ compiler and Python's
 # headers (torch's inductor builds a kernel at the first forward pass: "InvalidCxxCompiler: No working C++
 # compiler found", then "Python.h: No such file or directory"; vLLM's CPU installation page lists gcc/g++ as a
-# requirement): docs/lab.md.
+# requirement): docs/lab.md. A balancer host runs Debian's own HAProxy (2.6 on bookworm), the one `deploy` drives
+# on a real one; every container boots this same tree, so the package is everywhere but enabled nowhere
+# (BALANCER_UNIT below).
 PACKAGES = (
     "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv", "iproute2", "procps", "sudo",
-    "libnuma1", "g++", "python3-dev",
+    "libnuma1", "g++", "python3-dev", "haproxy",
 )
 # Bump when _customize changes so an old cached tree is not reused.
-ROOTFS_VERSION = 2
+ROOTFS_VERSION = 3
 DEFAULT_CACHE = Path("/var/cache/ernie-deploy")
 # Units that make no sense in a container sharing the host network and disk: periodic apt/fstrim jobs
 # would reach the network or the host's disks, a getty on tty1 never finds a terminal.
@@ -43,6 +45,10 @@ MASKED_UNITS = (
     "apt-daily.timer", "apt-daily-upgrade.timer", "e2scrub_all.timer", "e2scrub_reap.service",
     "fstrim.timer", "dpkg-db-backup.timer", "getty@tty1.service", "systemd-networkd-wait-online.service",
 )
+# Debian's postinst enables HAProxy with its sample config. Disabled (not masked) in the image: GPU hosts must
+# not run it, and on a balancer host `deploy` is what enables and starts it, as on a box that just got the
+# package.
+BALANCER_UNIT = "haproxy.service"
 
 Progress = Callable[[str], None]
 
@@ -227,6 +233,7 @@ def _customize(root: Path) -> None:
         "MaxSessions 100\n"
     )
     _run(["systemctl", f"--root={root}", "mask", *MASKED_UNITS])
+    _run(["systemctl", f"--root={root}", "disable", BALANCER_UNIT])
     (root / "etc/tmpfiles.d/ernie-lab.conf").write_text(
         "# Simulated GPU memory bookkeeping; any service user may hold GPU memory, as on real hosts.\n"
         "d /run/ernie-lab 0755 root root -\n"

@@ -39,8 +39,12 @@ _GPU_UUID_NAMESPACE = uuid.UUID("6f1f3c2e-6c8a-4c1e-9a55-0e4e1ab0c0de")
 _HOST_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$")
 _HOST_KEYS = {
     "name", "count", "gpu_model", "gpu_count", "gpu_memory_mib", "nvlink",
-    "vllm_version", "faults", "driver_version", "cuda_version", "bare", "vllm",
+    "vllm_version", "faults", "driver_version", "cuda_version", "bare", "vllm", "role",
 }
+# `role: balancer` hosts run HAProxy in front of the lab's vLLM instances (docs/lab.md): no GPUs, no vLLM, so
+# none of the keys that describe them.
+ROLES = ("gpu", "balancer")
+_BALANCER_KEYS = {"name", "count", "role"}
 # `vllm: real` hosts run the CPU build of real vLLM (lab/realvllm.py); its version, as its metadata says.
 REAL_VLLM_VERSION = "0.32.0+cpu"
 VLLM_KINDS = ("sim", "real")
@@ -116,12 +120,22 @@ class HostSpec:
 
 
 @dataclass(frozen=True)
+class BalancerSpec:
+    """A `role: balancer` host: sshd and Debian's HAProxy package (disabled until `deploy` enables it)."""
+
+    name: str
+    address: str
+
+
+@dataclass(frozen=True)
 class LabSpec:
     source: str
-    hosts: tuple[HostSpec, ...] = field(default_factory=tuple)
+    hosts: tuple[HostSpec, ...] = field(default_factory=tuple)  # the GPU hosts
+    balancers: tuple[BalancerSpec, ...] = field(default_factory=tuple)
 
     def all_bare(self) -> LabSpec:
-        """The same hosts booted bare: no vLLM, no service user, no models (`lab up --bare`)."""
+        """The same GPU hosts booted bare: no vLLM, no service user, no models (`lab up --bare`). Balancers stay
+        as they are: they never have vLLM."""
         return replace(self, hosts=tuple(replace(h, bare=True) for h in self.hosts))
 
     def host(self, name: str) -> HostSpec:
@@ -177,24 +191,40 @@ def parse_spec(data: Any, *, source: str = "<spec>") -> LabSpec:
     if not isinstance(raw_hosts, list) or not raw_hosts:
         raise fail("hosts", "must be a non-empty list of hosts")
 
-    hosts: list[HostSpec] = []
+    # GPU hosts and balancers in spec order: addresses follow that order across both kinds.
+    hosts: list[HostSpec | BalancerSpec] = []
     for i, raw in enumerate(raw_hosts):
         key = f"hosts[{i}]"
         if not isinstance(raw, dict):
             raise fail(key, "each host must be a mapping")
-        merged = {**defaults, **raw}
-        unknown = set(merged) - _HOST_KEYS
+        role = raw.get("role", defaults.get("role", "gpu"))
+        if role not in ROLES:
+            raise fail(f"{key}.role", f"{role!r} is neither gpu nor balancer",
+                       hint="gpu: a simulated GPU host (the default); balancer: an HAProxy host (docs/lab.md)")
+        # Defaults describe GPU hosts; a balancer takes none of them, and its own entry may name no GPU key.
+        merged = {**raw} if role == "balancer" else {**defaults, **raw}
+        allowed = _BALANCER_KEYS if role == "balancer" else _HOST_KEYS
+        unknown = set(merged) - allowed
         if unknown:
-            raise fail(f"{key}.{sorted(unknown)[0]}", "unknown key",
-                       hint=f"allowed keys: {', '.join(sorted(_HOST_KEYS))}")
+            wrong = sorted(unknown)[0]
+            if role == "balancer" and wrong in _HOST_KEYS:
+                raise fail(f"{key}.{wrong}", "a balancer host has no GPUs and runs no vLLM",
+                           hint=f"drop {wrong}, or drop role: balancer to make it a GPU host")
+            raise fail(f"{key}.{wrong}", "unknown key", hint=f"allowed keys: {', '.join(sorted(allowed))}")
         count = merged.get("count", 1)
         if not isinstance(count, int) or isinstance(count, bool) or count < 1:
             raise fail(f"{key}.count", "must be a positive integer")
         for n in range(count):
-            hosts.append(_parse_host(merged, key, n if count > 1 else None, fail))
+            replica = n if count > 1 else None
+            if role == "balancer":
+                hosts.append(BalancerSpec(name=_host_name(merged, key, replica, fail), address=""))
+            else:
+                hosts.append(_parse_host(merged, key, replica, fail))
 
     if len(hosts) > MAX_HOSTS:
         raise fail("hosts", f"{len(hosts)} hosts; the lab supports at most {MAX_HOSTS}")
+    if not any(isinstance(h, HostSpec) for h in hosts):
+        raise fail("hosts", "a lab needs at least one GPU host (every host has role: balancer)")
     seen: set[str] = set()
     for h in hosts:
         if h.name in seen:
@@ -203,8 +233,9 @@ def parse_spec(data: Any, *, source: str = "<spec>") -> LabSpec:
     last = first + len(hosts) - 1
     if last not in ipaddress.ip_network("127.0.0.0/8"):
         raise fail("first_address", f"{len(hosts)} hosts from {first} run past 127.255.255.255")
-    addressed = tuple(replace(h, address=str(first + k)) for k, h in enumerate(hosts))
-    return LabSpec(source=source, hosts=addressed)
+    addressed = [replace(h, address=str(first + k)) for k, h in enumerate(hosts)]
+    return LabSpec(source=source, hosts=tuple(h for h in addressed if isinstance(h, HostSpec)),
+                   balancers=tuple(h for h in addressed if isinstance(h, BalancerSpec)))
 
 
 def _parse_address(value: Any, fail: Any) -> ipaddress.IPv4Address:
@@ -219,7 +250,7 @@ def _parse_address(value: Any, fail: Any) -> ipaddress.IPv4Address:
     return addr
 
 
-def _parse_host(raw: dict[str, Any], key: str, replica: int | None, fail: Any) -> HostSpec:
+def _host_name(raw: dict[str, Any], key: str, replica: int | None, fail: Any) -> str:
     name = raw.get("name")
     if not isinstance(name, str):
         raise fail(f"{key}.name", "missing or not a string")
@@ -228,7 +259,11 @@ def _parse_host(raw: dict[str, Any], key: str, replica: int | None, fail: Any) -
     if not _HOST_NAME.match(name):
         raise fail(f"{key}.name", f"{name!r} is not a valid host name",
                    hint="lower-case letters, digits and '-', at most 32 characters")
+    return name
 
+
+def _parse_host(raw: dict[str, Any], key: str, replica: int | None, fail: Any) -> HostSpec:
+    name = _host_name(raw, key, replica, fail)
     model = raw.get("gpu_model", "NVIDIA A10")
     if not isinstance(model, str) or not model.strip():
         raise fail(f"{key}.gpu_model", "must be a GPU name as nvidia-smi prints it")

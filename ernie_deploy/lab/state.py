@@ -32,6 +32,7 @@ class HostState:
     cgroups: list[str] = field(default_factory=list)
     pid: int | None = None
     log: str = ""
+    frontend: str | None = None  # a balancer's HAProxy frontend URL, e.g. http://127.0.0.15:8080
 
     @property
     def root(self) -> Path:
@@ -47,7 +48,7 @@ class LabState:
     key: str
     known_hosts: str
     inventory: str
-    hosts: list[HostState]
+    hosts: list[HostState]  # the GPU hosts
     started_at: float = 0.0
     ready_seconds: float | None = None
     build_seconds: float | None = None
@@ -55,14 +56,22 @@ class LabState:
     index_dir: str | None = None
     index_pid: int | None = None
     index_port: int | None = None
+    # `role: balancer` hosts, kept apart so whatever walks the GPU hosts never meets one (no GPUs, no vLLM).
+    balancers: list[HostState] = field(default_factory=list)
     version: int = STATE_VERSION
 
+    @property
+    def machines(self) -> list[HostState]:
+        """Every container of the lab: GPU hosts, then balancers."""
+        return [*self.hosts, *self.balancers]
+
     def host(self, name: str) -> HostState:
-        for h in self.hosts:
+        """A GPU host or a balancer, by name."""
+        for h in self.machines:
             if h.name == name:
                 return h
         raise DeployError(f"no lab host named {name!r}", where=self.dir,
-                          hint=f"lab hosts: {', '.join(h.name for h in self.hosts)}")
+                          hint=f"lab hosts: {', '.join(h.name for h in self.machines)}")
 
     def save(self) -> None:
         """Atomic write: a crash mid-write leaves the previous state, never half a file."""
@@ -79,7 +88,8 @@ def load_state(directory: Path) -> LabState | None:
     try:
         data = json.loads(path.read_text())
         hosts = [HostState(**h) for h in data.pop("hosts")]
-        return LabState(hosts=hosts, **data)
+        balancers = [HostState(**h) for h in data.pop("balancers", [])]
+        return LabState(hosts=hosts, balancers=balancers, **data)
     except (ValueError, TypeError, KeyError) as exc:
         raise DeployError(f"unreadable lab state: {exc}", where=str(path),
                           hint="stop leftover containers by hand, then delete the lab state dir") from exc

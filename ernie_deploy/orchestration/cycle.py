@@ -8,10 +8,16 @@ change moves GPUs between its instances goes as a whole: drain all, stop all, st
 A failed start restores what ran before (the host's release from before the change), restarts and
 re-verifies it; units staged but not reached yet get their files back, so nothing stays half-applied.
 
-With a post-ready hook, every instance whose pre-drain hook ran is recorded out of the load balancer
-(`hooks.Rotation`) before that hook starts, and put back by post-ready wherever it ends serving: passed, kept
-serving because the rollout stopped before its stop, or rolled back and verified. One that does not serve stays
-recorded; the rollout names it and `--resume` puts it back once it serves.
+With the fleet's balancers (`CycleOptions.balancers`, docs/balancer.md), an instance one of them fronts is set
+to drain there before anything else happens to it, and the cycle waits until each reports no session on it
+(phase "balancer"); hooks run in addition. After the readiness gate it is set ready again, and the next instance
+goes only once every fronting balancer sees it UP: capacity is back before more is taken.
+
+Every instance taken out of the load balancer (drained on a balancer, or whose pre-drain hook ran with a
+post-ready hook to undo it) is recorded out of rotation (`hooks.Rotation`) before it is taken out, and put back
+(set ready, post-ready) wherever it ends serving: passed, kept serving because the rollout stopped before its
+stop, or rolled back and verified. One that does not serve stays recorded; the rollout names it and `--resume`
+puts it back once it serves.
 """
 
 from __future__ import annotations
@@ -29,12 +35,15 @@ from ernie_deploy.checks.metrics import in_flight
 from ernie_deploy.checks.result import CheckInputError, CheckResult
 from ernie_deploy.errors import DeployError
 from ernie_deploy.orchestration import hooks, readiness
+from ernie_deploy.orchestration.balancers import BalancerControl, ServerStat
 from ernie_deploy.orchestration.fleet import Fleet, HostRun
 from ernie_deploy.orchestration.instancecheck import api_key, instance_checks, requests_for
 from ernie_deploy.orchestration.results import Status
 from ernie_deploy.orchestration.steps import Step, StepStatus
 from ernie_deploy.orchestration.timeline import Timeline
 from ernie_deploy.orchestration.transport import Transport
+from ernie_deploy.planning.balancer import DEFAULTS as BALANCER_DEFAULTS
+from ernie_deploy.planning.balancer import BalancerBackend, BalancerPlan, BalancerServer
 from ernie_deploy.planning.hostpaths import RELEASES_DIR, local_url
 from ernie_deploy.planning.plantypes import HostPlan, InstancePlan
 from ernie_deploy.playbook.actions import ACTIONS
@@ -43,6 +52,16 @@ from ernie_deploy.remote.ssh import Failure, RemoteError
 from ernie_deploy.remote.systemd import UnitState
 
 _ROLLING = ACTIONS["rolling"].args
+# templates/haproxy.cfg.j2's `default-server ... rise 2`: passing checks in a row before HAProxy calls a server UP.
+RISE = 2
+BALANCER_POLL = 0.25  # seconds between reads of a balancer's `show stat` while waiting on it
+
+
+def up_timeout(check_interval: float) -> float:
+    """How long a balancer may take to see an instance UP once it is set ready: `rise` passing checks
+    `check_interval` apart, twice over (a check that began before vLLM answered fails first), and 5 s for the
+    runtime API's round trips over SSH."""
+    return 2 * RISE * check_interval + 5.0
 
 
 @dataclass(frozen=True)
@@ -59,6 +78,13 @@ class CycleOptions:
     health_timeout: float = 0.0  # 0: the host's vllm_startup_budget
     stable: float | None = None  # None: the host's vllm_stable_seconds
     poll: float = 0.5
+    # The fleet's balancers, driven around every instance one of them fronts; None: none in the inventory, or
+    # --no-balancer. Their plans name each instance's server (backend, address) and set how long one may take
+    # to come UP (its check interval).
+    balancers: BalancerControl | None = None
+    balancer_plans: tuple[BalancerPlan, ...] = ()
+    balancer_poll: float = BALANCER_POLL
+    balancer_up_timeout: float | None = None  # None: up_timeout() of the fronting balancers' check interval
 
 
 @dataclass
@@ -116,7 +142,9 @@ class HostCycle:
         self.timeline = timeline
         self.audit = audit
         self.rotation = rotation
-        self.pulled: set[str] = set()  # units whose pre-drain hook ran in this cycle
+        self.pulled: set[str] = set()  # units this cycle recorded out of rotation and has not put back
+        self.hooked: set[str] = set()  # units whose pre-drain hook ran (or started) and whose post-ready is owed
+        self.drained: set[str] = set()  # units set to drain (or asked to) on their balancers, not ready again
         self.result = run.result
         self.change = run.result.changing()
         self.plan = work.plan
@@ -139,17 +167,8 @@ class HostCycle:
     def _group(self, group: list[InstancePlan], first: bool, later: list[InstancePlan]) -> bool:
         serving = [i for i in group if unit_of(i) in self.work.serving]
         running = [i for i in group if unit_of(i) in self.work.running]
-        pulled: list[InstancePlan] = []  # out of the balancer
-        for inst in serving:
-            if self.opts.pre_drain and self.opts.post_ready:
-                # Recorded before the hook starts: a controller killed mid-hook leaves the record behind.
-                self.rotation.pulled(self.plan.name, unit_of(inst))
-                self.pulled.add(unit_of(inst))
-            if self.opts.pre_drain and not self._hook("pre-drain", self.opts.pre_drain, inst):
-                self._back_in_rotation([*pulled, inst])  # a failed hook may have taken it out half-way
-                self._undo([], group + later, "the pre-drain hook failed; nothing was stopped")
-                return False
-            pulled.append(inst)
+        if not self._out_of_rotation(serving, group + later):
+            return False
         drained = {unit_of(i): self._wait_idle(i) for i in serving}
         if self.fleet.abort.is_set():  # drained but not stopped yet: it keeps serving; put it back
             self._back_in_rotation(serving)
@@ -174,10 +193,45 @@ class HostCycle:
             self._undo(group if self.work.whole else failed, later, None)
             return False
         for inst in group:
+            if unit_of(inst) in self.drained and not self._balancer_ready(inst):
+                self._back_in_rotation([inst])  # it serves: post-ready still runs for it
+                self._undo([], later, None)
+                return False
             if self.opts.post_ready and not self._hook("post-ready", self.opts.post_ready, inst):
                 self._undo([], later, None)
                 return False
+            self.hooked.discard(unit_of(inst))
             self.rotation.back(self.plan.name, unit_of(inst))
+            self.pulled.discard(unit_of(inst))
+        return True
+
+    def _out_of_rotation(self, serving: list[InstancePlan], rest: list[InstancePlan]) -> bool:
+        """Take the serving instances out of the load balancer before anything stops: drained on every balancer
+        that fronts them (waiting until it holds no session on them), then the pre-drain hook. False when that
+        failed: whatever was taken out is put back, the instances not reached get their files back, and nothing
+        was stopped."""
+        lb = self.opts.balancers
+        fronted = [i for i in serving if lb is not None and lb.fronting(self.plan.name, i.index)]
+        for inst in serving:
+            if any(i.unit == inst.unit for i in fronted) or (self.opts.pre_drain and self.opts.post_ready):
+                # Recorded before anything takes it out: a controller killed half-way leaves the record behind.
+                self.rotation.pulled(self.plan.name, unit_of(inst))
+                self.pulled.add(unit_of(inst))
+        if fronted and not self._balancer_drain(fronted):
+            self._back_in_rotation(serving)  # ready again where it did drain
+            self._undo([], rest, "a balancer could not drain it; nothing was stopped")
+            return False
+        for inst in fronted:
+            self._balancer_idle(inst)
+        for inst in serving:
+            if not self.opts.pre_drain:
+                break
+            if self.opts.post_ready:
+                self.hooked.add(unit_of(inst))  # a failed hook may have taken it out half-way
+            if not self._hook("pre-drain", self.opts.pre_drain, inst):
+                self._back_in_rotation(serving)
+                self._undo([], rest, "the pre-drain hook failed; nothing was stopped")
+                return False
         return True
 
     def _stopped(self, where: str, unreached: list[InstancePlan]) -> None:
@@ -189,16 +243,163 @@ class HostCycle:
 
     def _back_in_rotation(self, insts: list[InstancePlan]) -> bool:
         """Instances taken out of the balancer that serve (the rollout stopped before their stop, or they were
-        rolled back and verified): post-ready puts them back. False when a hook failed (they stay recorded)."""
+        rolled back and verified): set ready again on their balancers, and post-ready. False when either failed
+        (they stay recorded; the result says so)."""
         ok = True
         for inst in insts:
-            if not self.opts.post_ready or unit_of(inst) not in self.pulled:
+            unit = unit_of(inst)
+            if unit not in self.pulled:
                 continue
-            if self._hook("post-ready", self.opts.post_ready, inst, fail=False):
-                self.rotation.back(self.plan.name, unit_of(inst))
-            else:
+            problems = self._set_ready(inst) if unit in self.drained else []
+            if problems:
+                self.result.evidence.append(f"{inst.unit}: still drained on its balancer: " + "; ".join(problems)
+                                            + " (--resume sets it ready once it serves)")
+            if unit in self.hooked and self.opts.post_ready \
+                    and self._hook("post-ready", self.opts.post_ready, inst, fail=False):
+                self.hooked.discard(unit)
+            if unit in self.drained or unit in self.hooked:
                 ok = False
+                continue
+            self.rotation.back(self.plan.name, unit)
+            self.pulled.discard(unit)
         return ok
+
+    # -- the balancers -------------------------------------------------------------------------------
+    def _server(self, inst: InstancePlan) -> list[tuple[str, BalancerBackend, BalancerServer, float]]:
+        """(balancer host, backend, server, check interval) of each balancer plan that fronts the instance."""
+        out = []
+        for plan in self.opts.balancer_plans:
+            found = plan.server_for(self.plan.name, inst.index)
+            if found is not None:
+                out.append((plan.host, found[0], found[1], plan.check_interval))
+        return out
+
+    def _name(self, inst: InstancePlan) -> str:
+        """The instance's server as HAProxy knows it, for messages."""
+        found = self._server(inst)
+        return f"{found[0][1].name}/{found[0][2].name}" if found else f"{self.plan.name}-{inst.index}"
+
+    def _balancer_drain(self, insts: list[InstancePlan]) -> bool:
+        """Set the instances to drain on every balancer fronting them, all before waiting on any. A problem fails
+        the host (naming the balancer): the rollout stops before anything is stopped."""
+        lb = self.opts.balancers
+        assert lb is not None
+        names = ", ".join(i.unit for i in insts)
+        self.fleet.progress(self.plan.name, f"balancer: draining {names}")
+        problems: list[str] = []
+        with self.fleet.step(self.run, f"balancer set drain {names}") as step:
+            for inst in insts:
+                self.drained.add(unit_of(inst))  # before the call: it may drain on some balancers and not others
+                problems = lb.set_state(self.plan.name, inst.index, "drain")
+                step.changed = True
+                if problems:
+                    step.status, step.evidence = StepStatus.FAILED, [*step.evidence, *problems]
+                    break
+                where = ", ".join(lb.fronting(self.plan.name, inst.index))
+                step.evidence.append(f"{inst.unit}: server {self._name(inst)} set to drain on {where}")
+        if problems:
+            self.result.fail(Status.FAILED, "the balancer could not drain " + names + ": " + "; ".join(problems),
+                             "fix the balancer as the message says, then rerun (a rollout of several batches "
+                             "continues with --resume); --no-balancer restarts without it, losing the requests "
+                             "sent to each instance while it restarts")
+            return False
+        return True
+
+    def _balancer_idle(self, inst: InstancePlan) -> None:
+        """Wait until every balancer fronting the instance holds no session on it (bounded by --idle-timeout).
+        What it still holds then, or a balancer that cannot be read, is a warning: the drain is set, and vLLM's
+        own idle wait and --shutdown-timeout still let those requests finish."""
+        lb = self.opts.balancers
+        assert lb is not None
+        start = time.monotonic()
+        with self._phase(f"balancer drain {inst.unit}", "balancer", [unit_of(inst)]) as step:
+            while True:
+                stats, problems = lb.stats(self.plan.name, inst.index)
+                busy = {host: s.scur for host, s in stats.items() if s.scur}
+                if problems or not busy or self.fleet.abort.is_set() \
+                        or time.monotonic() - start >= self.opts.idle_timeout:
+                    break
+                time.sleep(self.opts.balancer_poll)
+            waited = time.monotonic() - start
+            if not busy and not problems:
+                step.evidence = [f"{inst.unit}: no session on {', '.join(sorted(stats))} after {waited:.1f}s"]
+                return
+            step.status = StepStatus.WARN
+            held = [f"{n} session(s) on {host}" for host, n in sorted(busy.items())]
+            step.evidence = [f"{inst.unit}: " + "; ".join(held + problems) + f" after {waited:.1f}s; going on (the "
+                             "drain is set; vLLM's idle wait and --shutdown-timeout let them finish)"]
+            self.result.checks.append(CheckResult(
+                "balancer drain", "warn", step.evidence[0], instance=inst.unit,
+                fix="raise --idle-timeout for long generations" if busy else
+                    "check the balancer as the message says (its drain was set)"))
+
+    def _set_ready(self, inst: InstancePlan) -> list[str]:
+        """Set the instance ready again on every balancer fronting it; the problems (it stays drained on those)."""
+        lb = self.opts.balancers
+        assert lb is not None
+        with self.fleet.step(self.run, f"balancer set ready {inst.unit}") as step:
+            problems = lb.set_state(self.plan.name, inst.index, "ready")
+            step.changed = True
+            if problems:
+                step.status, step.evidence = StepStatus.FAILED, list(problems)
+            else:
+                self.drained.discard(unit_of(inst))
+                step.evidence = [f"{inst.unit}: server {self._name(inst)} set ready"]
+        return problems
+
+    def _balancer_ready(self, inst: InstancePlan) -> bool:
+        """After the readiness gate: set ready again on every balancer fronting it, and wait until each sees it UP
+        (its health check passed), so capacity is back before the next instance goes. False (the host failed,
+        the instance kept: it serves) when a balancer could not be set or does not see it UP in time."""
+        lb = self.opts.balancers
+        assert lb is not None
+        unit = unit_of(inst)
+        self.fleet.progress(self.plan.name, f"balancer: {inst.unit} ready, waiting until it is UP")
+        problems = self._set_ready(inst)
+        if problems:
+            self.result.fail(Status.FAILED, f"{inst.unit} serves again, but its balancer could not set it ready: "
+                             + "; ".join(problems), "fix the balancer as the message says, then rerun with "
+                             "--resume: it sets the instance ready once it serves")
+            return False
+        servers = self._server(inst)
+        limit = self.opts.balancer_up_timeout
+        if limit is None:  # the default check interval when no plan names the server
+            limit = max((up_timeout(interval) for *_, interval in servers),
+                        default=up_timeout(float(BALANCER_DEFAULTS["balancer_check_interval"])))
+        start = time.monotonic()
+        with self._phase(f"balancer ready {inst.unit}", "balancer", [unit]) as step:
+            while True:
+                stats, problems = lb.stats(self.plan.name, inst.index)
+                down = {host: s for host, s in stats.items() if not s.up}
+                if not down and not problems:
+                    step.evidence = [f"{inst.unit}: UP on {', '.join(sorted(stats))} after "
+                                     f"{time.monotonic() - start:.1f}s"]
+                    break
+                if self.fleet.abort.is_set() or time.monotonic() - start >= limit:
+                    step.status = StepStatus.FAILED
+                    step.evidence = [self._not_up(inst, down, problems, time.monotonic() - start)]
+                    break
+                time.sleep(self.opts.balancer_poll)
+        if step.status is not StepStatus.FAILED:
+            return True
+        if self.fleet.abort.is_set():
+            self.result.fail(Status.FAILED, f"stopped while waiting for the balancer to see {inst.unit} UP: "
+                             + ("interrupted" if self.fleet.interrupted else "another host failed "
+                                "(--any-errors-fatal)"), self.result.hint)
+            return False
+        address = next((f"{s.address}:{s.port}" for _, _, s, _ in servers), f"{self.plan.address}:{inst.port}")
+        self.result.fail(Status.FAILED, step.evidence[0],
+                         f"the balancer cannot reach {address}, or its health check (a 1-token completion of "
+                         f"{inst.served_model_name}) fails there: check the network and vllm_host from the balancer "
+                         "host; the instance passed the readiness gate and was kept; once the balancer sees it UP "
+                         "(ernie-deploy status), rerun (--resume continues with the next batch)")
+        return False
+
+    def _not_up(self, inst: InstancePlan, down: dict[str, ServerStat], problems: list[str], waited: float) -> str:
+        names = {host: f"{backend.name}/{server.name}" for host, backend, server, _ in self._server(inst)}
+        said = [f"{host}: server {names.get(host, self._name(inst))} is {s.status} {waited:.0f}s after it was set "
+                "ready" for host, s in sorted(down.items())]
+        return f"{inst.unit}: " + "; ".join(said + problems)
 
     # -- steps ---------------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -463,10 +664,15 @@ class HostCycle:
         for inst, release in restored:
             verdict = "ready and verified" if inst not in still else \
                 "started, not verified (interrupted)" if self.fleet.abort.is_set() else "failed again"
-            if inst not in still and unit_of(inst) in self.pulled:
+            unit = unit_of(inst)
+            if inst not in still and unit in self.pulled:
+                how = [x for x, owed in (("post-ready", unit in self.hooked),
+                                         ("set ready on its balancer", unit in self.drained)) if owed]
                 returned = self._back_in_rotation([inst])
-                verdict += "; back in the load balancer (post-ready)" if returned else \
-                    "; post-ready failed: still out of the load balancer"
+                owing = [x for x, owed in (("post-ready", unit in self.hooked),
+                                           ("its balancer", unit in self.drained)) if owed]
+                verdict += f"; back in the load balancer ({', '.join(how)})" if returned else \
+                    f"; {' and '.join(owing)} failed: still out of the load balancer"
             rollbacks.append(f"{unit_of(inst)}: rolled back to release {release.id}: {verdict}")
 
 
@@ -500,18 +706,32 @@ def stray_processes(session: Transport, plan: HostPlan, insts: Sequence[Instance
 
 def put_back(fleet: Fleet, run: HostRun[Any], plan: HostPlan, serving: Callable[[str], bool],
              rotation: hooks.Rotation, opts: CycleOptions) -> None:
-    """The host's instances out of rotation from an earlier run (its resume state): post-ready for each that
-    serves now (`serving(unit)`); the others stay recorded (and named) until they do."""
+    """The host's instances out of rotation from an earlier run (its resume state), each that serves now
+    (`serving(unit)`): set ready on every balancer fronting it, and post-ready. The others, and those whose
+    balancer or hook failed, stay recorded (and named) until they are back."""
+    lb = opts.balancers
     for unit in rotation.out_of(plan.name):
         inst = next((i for i in plan.instances if unit_of(i) == unit), None)
-        if inst is None or not opts.post_ready or not serving(unit):
+        fronted = lb.fronting(plan.name, inst.index) if lb is not None and inst is not None else []
+        if inst is None or not (fronted or opts.post_ready) or not serving(unit):
             continue
-        fleet.progress(plan.name, f"post-ready hook for {inst.unit} (out of rotation since an earlier run)")
-        with fleet.step(run, f"post-ready hook {inst.unit} (back in rotation)") as step:
-            done = hooks.run("post-ready", opts.post_ready,
-                             hooks.environment("post-ready", opts.command, plan, inst, 0), opts.hook_timeout)
-            step.evidence = [done.summary, *done.output]
-            if not done.ok:
-                step.status = StepStatus.FAILED
-        if done.ok:
+        back = True
+        if lb is not None and fronted:
+            fleet.progress(plan.name, f"balancer: {inst.unit} ready (out of rotation since an earlier run)")
+            with fleet.step(run, f"balancer set ready {inst.unit} (back in rotation)") as step:
+                problems = lb.set_state(plan.name, inst.index, "ready")
+                step.changed = True
+                step.evidence = problems or [f"{inst.unit}: set ready on {', '.join(fronted)}"]
+                if problems:
+                    step.status, back = StepStatus.FAILED, False
+                    run.result.evidence.append(f"{inst.unit}: still drained on its balancer: " + "; ".join(problems))
+        if opts.post_ready:
+            fleet.progress(plan.name, f"post-ready hook for {inst.unit} (out of rotation since an earlier run)")
+            with fleet.step(run, f"post-ready hook {inst.unit} (back in rotation)") as step:
+                done = hooks.run("post-ready", opts.post_ready,
+                                 hooks.environment("post-ready", opts.command, plan, inst, 0), opts.hook_timeout)
+                step.evidence = [done.summary, *done.output]
+                if not done.ok:
+                    step.status, back = StepStatus.FAILED, False
+        if back:
             rotation.back(plan.name, unit)

@@ -1,5 +1,7 @@
 """Deploy: converge hosts to their plans, phase by phase across hosts.
 
+0. the selected balancers first (docs/balancer.md): each one's HAProxy configuration rendered, checked and
+   applied, so it knows every instance before any of them changes; one that fails stops the deploy here;
 1. snapshot every host (connect, lock + facts in one command, plan, render, changes);
 2. change the hosts, batch by batch (rollout.py: with `rolling`, the command line's default, hosts whose change
    stops serving instances go one at a time or `vllm_serial` at a time; `--serial all`: one batch): show
@@ -18,10 +20,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ernie_deploy.checks.expectations import Expectations
 from ernie_deploy.orchestration import audit
+from ernie_deploy.orchestration.balancers import BalancerControl
 from ernie_deploy.orchestration.cycle import CycleOptions, HostCycle, Work, put_back, stray_processes, unit_of
 from ernie_deploy.orchestration.fleet import Fleet, FleetOptions, HostRun
 from ernie_deploy.orchestration.results import HostResult, Status
@@ -34,9 +37,20 @@ from ernie_deploy.orchestration.snapshot import (
     take,
 )
 from ernie_deploy.orchestration.transport import Connector, Progress, RemoteHost, Transport
+from ernie_deploy.planning.balancer import BalancerPlan
 from ernie_deploy.planning.plan import PlanContext
 from ernie_deploy.planning.render import environment_for_templates, templates_dir
 from ernie_deploy.remote import converge, lock, releases
+from ernie_deploy.remote.balancer import Applied
+
+
+class BalancerSetup(Protocol):
+    """What deploy needs of the selected balancers (orchestration/balancers.py `Balancers`)."""
+
+    def apply(self, render: Callable[[BalancerPlan], str], *, who: lock.LockInfo | None = None,
+              check: bool = False) -> dict[str, Applied]: ...
+
+    def results(self) -> list[HostResult]: ...
 
 
 @dataclass(frozen=True)
@@ -57,6 +71,9 @@ class Options:
     cycle: CycleOptions = field(default_factory=CycleOptions)
     rollout: RolloutOptions = field(default_factory=RolloutOptions)
     activate: bool = True  # False: stage the files and stop (a playbook's converge; its rolling task restarts)
+    # The selected balancers (None: none selected, or --no-balancer) and how their configuration is rendered.
+    balancer_setup: BalancerSetup | None = None
+    render_balancer: Callable[[BalancerPlan], str] | None = None
 
 
 def ran_before(kept: list[releases.Release], snap: Snapshot) -> dict[str, releases.Release]:
@@ -95,8 +112,46 @@ class Runner:
         """The signal that stopped the run (Ctrl-C: SIGINT), or None."""
         return self.fleet.signal
 
+    @property
+    def balancers(self) -> BalancerControl | None:
+        return self.cycle.balancers
+
     def run(self, hosts: Sequence[RemoteHost]) -> list[HostResult]:
-        return drive(self, hosts, self.options.rollout)
+        """The balancers' results first (when selected), then the hosts'. A balancer whose configuration failed
+        stops the deploy before any host is touched (check mode goes on: it says what each host would do)."""
+        setup, render = self.options.balancer_setup, self.options.render_balancer
+        if setup is None or render is None:
+            return drive(self, hosts, self.options.rollout)
+        applied = self._apply(setup, render)
+        failed = [r.host for r in applied if r.finished]
+        if failed and not self.options.check:
+            why = f"not touched: the configuration of balancer {', '.join(failed)} failed (its result says why)"
+            return applied + [HostResult(h.name, Status.SKIPPED, why) for h in hosts]
+        return applied + drive(self, hosts, self.options.rollout)
+
+    def _apply(self, setup: BalancerSetup, render: Callable[[BalancerPlan], str]) -> list[HostResult]:
+        """Render, check (`haproxy -c`) and apply each selected balancer's configuration; a result per balancer
+        host: changed (reloaded without dropping connections, or started), unchanged, or failed quoting HAProxy."""
+        check = self.options.check
+        results = {r.host: r for r in setup.results()}
+        for name in results:
+            self.fleet.progress(name, "balancer configuration" + (" (check mode)" if check else ""))
+        done = setup.apply(render, who=self.lock, check=check)
+        results = {r.host: r for r in setup.results()}  # with the apply's steps and commands
+        out = []
+        for host, applied in done.items():
+            result = results.get(host) or HostResult(host)
+            first, *rest = applied.describe().splitlines() or [""]
+            if not applied.ok:
+                result.fail(Status.FAILED, f"balancer: {first}", applied.hint)
+                result.evidence += rest
+            elif applied.changed or applied.installed or applied.started:
+                result.status = Status.CHANGED
+                result.message = f"balancer: {first}" + (" (check mode: nothing was touched)" if check else "")
+            else:
+                result.status, result.message = Status.OK, f"balancer: {first}"
+            out.append(result)
+        return out
 
     @property
     def _snapshot_options(self) -> SnapshotOptions:

@@ -46,7 +46,9 @@ class ProvisionReport:
 
 @dataclass(frozen=True)
 class Drift:
-    kind: str  # file, daemon-reload, cmdline, not-applied, pending, drop-in, leftover, process, lock
+    # file, daemon-reload, cmdline, not-applied, pending, drop-in, leftover, process, lock; balancer (an instance
+    # as a balancer sees it), balancer-config (a balancer's live configuration)
+    kind: str
     subject: str  # the file, unit or process
     message: str
     fix: str

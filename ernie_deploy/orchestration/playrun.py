@@ -6,13 +6,21 @@ failure, `max_fail_percentage` once more than that share of the play's hosts fai
 `canary` and `max_fail_percentage` shape the batches of its rolling tasks (the other tasks are quick and
 change nothing that serves, or stage only). Each task takes and releases the deploy lock on its own, and a
 signal stops the run after the task in progress has stopped cleanly.
+
+The inventory's balancers (group vllm_balancers, docs/balancer.md) are planned once per run from every vLLM
+host (`RunOptions.balancer_plans`, cli/run.py). Every rolling and restart task drives them around each restart
+as `restart` does (drain, wait for no sessions, ready once it serves). A play's own tasks work on its vLLM hosts;
+the balancer hosts its pattern matches are worked on only by its converge and rolling (not `always`) tasks, the
+ones that change files as `deploy` does: they apply those balancers' configuration first, and one that fails
+ends the run with no vLLM host touched, as it stops `deploy`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +28,7 @@ from pathlib import Path
 from ernie_deploy.checks.expectations import Expectations
 from ernie_deploy.inventory.inventory import Host, Inventory
 from ernie_deploy.orchestration import audit, hooks
+from ernie_deploy.orchestration.balancers import BalancerControl, Balancers
 from ernie_deploy.orchestration.cycle import CycleOptions, unit_of
 from ernie_deploy.orchestration.deploy import Options, Runner
 from ernie_deploy.orchestration.details import ProvisionReport
@@ -31,6 +40,7 @@ from ernie_deploy.orchestration.rollout import Report, RolloutOptions
 from ernie_deploy.orchestration.snapshot import SnapshotOptions, down, take
 from ernie_deploy.orchestration.transport import Connector, Progress
 from ernie_deploy.orchestration.verify import KINDS, Verifier
+from ernie_deploy.planning.balancer import GROUP, BalancerPlan, render_balancer, split_hosts
 from ernie_deploy.planning.plan import PlanContext
 from ernie_deploy.planning.provisioning import parse_rate
 from ernie_deploy.planning.render import environment_for_templates, templates_dir
@@ -55,6 +65,12 @@ class RunOptions:
     limit: str | None = None
     command: str = "ernie-deploy run"
     wait_poll: float = 2.0  # seconds between a wait_ready task's polls
+    # The inventory's balancers: their names (a rollout says whether it drove them), their plans (from every
+    # vLLM host of the inventory, whatever --limit selects) and what drives them around each restart. No plans
+    # and no control: none in the inventory, or --no-balancer (nothing is applied or driven then).
+    balancer_hosts: tuple[str, ...] = ()
+    balancer_plans: tuple[BalancerPlan, ...] = ()
+    balancers: BalancerControl | None = None
 
 
 @dataclass
@@ -76,20 +92,26 @@ class PlaybookRunner:
         self.tasks: list[TaskRun] = []
         self.stopped_by: int | None = None
         self.ended: str | None = None  # why the run ended early (any_errors_fatal, max_fail_percentage)
+        self._balancer_hosts: list[Host] = []  # the balancer hosts the task in progress applies first
 
     def run(self, book: Playbook) -> list[TaskRun]:
         failed: set[str] = set()
         limited = {h.name for h in self.inventory.select(self.options.limit)} if self.options.limit else None
+        planned = {p.host for p in self.options.balancer_plans}
         for play in book.plays:
-            hosts = [self._with_vars(h, play) for h in self.inventory.select(play.hosts)
-                     if limited is None or h.name in limited]
+            vllm, matched = split_hosts(self.inventory.select(play.hosts))
+            hosts = [self._with_vars(h, play) for h in vllm if limited is None or h.name in limited]
+            # Balancer hosts keep the inventory's variables: their plan was made once for the run.
+            matched = [h for h in matched if limited is None or h.name in limited]
+            lbs = [h for h in matched if h.name in planned]
             failed_here: set[str] = set()
             for task in play.tasks:
                 live = [h for h in hosts if h.name not in failed]
+                self._balancer_hosts = [h for h in lbs if h.name not in failed] if applies_balancers(task) else []
                 record = TaskRun(play.name, task)
                 self.tasks.append(record)
-                if not live:
-                    record.note = "no hosts left" if hosts else "no host of the play is in --limit"
+                if not live and not self._balancer_hosts:
+                    record.note = self._idle(task, hosts, lbs, vllm, matched)
                     self.finished(record)
                     continue
                 self._task(play, task, live, record)
@@ -99,15 +121,34 @@ class PlaybookRunner:
                 failed_here |= bad
                 if self.stopped_by is not None:
                     return self.tasks
+                lb_bad = sorted(bad & {h.name for h in self._balancer_hosts})
+                if lb_bad and not self.options.check:
+                    # A balancer fronts every instance: the task left them all untouched, later tasks must too.
+                    self.ended = (f"play {play.name!r}: the configuration of balancer {', '.join(lb_bad)} failed "
+                                  f"(its result says why), so no vLLM host was touched and the run stops here")
+                    return self.tasks
                 if bad and play.any_errors_fatal:
                     self.ended = f"play {play.name!r}: {', '.join(sorted(bad))} failed and any_errors_fatal is set"
                     return self.tasks
-                mfp = play.max_fail_percentage
-                if mfp is not None and hosts and 100.0 * len(failed_here) / len(hosts) > mfp:
-                    self.ended = (f"play {play.name!r}: {len(failed_here)} of {len(hosts)} host(s) failed, more "
+                mfp, members = play.max_fail_percentage, len(hosts) + len(lbs)
+                if mfp is not None and members and 100.0 * len(failed_here) / members > mfp:
+                    self.ended = (f"play {play.name!r}: {len(failed_here)} of {members} host(s) failed, more "
                                   f"than max_fail_percentage {mfp:g}%")
                     return self.tasks
         return self.tasks
+
+    @staticmethod
+    def _idle(task: Task, hosts: list[Host], lbs: list[Host], vllm: list[Host], matched: list[Host]) -> str:
+        """Why a task has no host to work on. `matched`: the play's balancer hosts in --limit, `lbs` those of
+        them the run planned."""
+        if hosts or (lbs and applies_balancers(task)):
+            return "no hosts left"
+        if lbs:
+            return (f"the play has only balancer hosts here ({GROUP}): only its converge and rolling tasks work "
+                    "on them (they apply their configuration)")
+        if matched and not vllm:
+            return f"the play's hosts are balancers ({GROUP}), which this run leaves alone (--no-balancer)"
+        return "no host of the play is in --limit"
 
     @staticmethod
     def _with_vars(host: Host, play: Play) -> Host:
@@ -118,7 +159,7 @@ class PlaybookRunner:
         if self.options.check and not ACTIONS[task.action].runs_in_check:
             record.note = "skipped in check mode"
             return
-        with self.start_task(play, task, hosts) as progress:
+        with self.start_task(play, task, [*self._balancer_hosts, *hosts]) as progress:
             fleet = Fleet(self.connector, FleetOptions(self.options.forks, play.any_errors_fatal,
                                                        self.options.known_hosts), progress)
             HANDLERS[task.action](self, play, task, hosts, record, fleet)
@@ -138,12 +179,28 @@ class PlaybookRunner:
         record.results = [r.result for r in runs]
 
     def _deploy(self, task: Task, fleet: Fleet, *, check: bool, activate: bool, rollout: RolloutOptions,
-                cycle: CycleOptions, health_timeout: float = 0.0, prune: bool = False) -> Runner:
+                cycle: CycleOptions, health_timeout: float = 0.0, prune: bool = False,
+                setup: Balancers | None = None) -> Runner:
         options = Options(check=check, diff=self.options.diff, prune=prune,
                           forks=self.options.forks, lock_wait=self.options.lock_wait, health_timeout=health_timeout,
                           known_hosts=self.options.known_hosts, command=self._label(task),
-                          templates=self.options.templates, cycle=cycle, rollout=rollout, activate=activate)
+                          templates=self.options.templates, cycle=cycle, rollout=rollout, activate=activate,
+                          balancer_setup=setup, render_balancer=render_balancer if setup is not None else None)
         return Runner(self.ctx, self.connector, options, fleet=fleet)
+
+    @contextlib.contextmanager
+    def _setup(self, fleet: Fleet) -> Iterator[Balancers | None]:
+        """The balancers the task applies first (None: none), over the task's fleet; their sessions end with it."""
+        names = {h.name for h in self._balancer_hosts}
+        chosen = [p for p in self.options.balancer_plans if p.host in names]
+        if not chosen:
+            yield None
+            return
+        setup = Balancers(fleet, chosen, {h.name: h for h in self._balancer_hosts})
+        try:
+            yield setup
+        finally:
+            setup.close()
 
     def _plan(self, play: Play, task: Task, hosts: list[Host], record: TaskRun, fleet: Fleet) -> None:
         runner = self._deploy(task, fleet, check=True, activate=False, rollout=RolloutOptions(),
@@ -155,22 +212,25 @@ class PlaybookRunner:
                                                                                   "")
 
     def _converge(self, play: Play, task: Task, hosts: list[Host], record: TaskRun, fleet: Fleet) -> None:
-        runner = self._deploy(task, fleet, check=self.options.check, activate=False, rollout=RolloutOptions(),
-                              cycle=CycleOptions(), prune=task.flag("prune"))
-        record.results = runner.run(hosts)
+        with self._setup(fleet) as setup:
+            runner = self._deploy(task, fleet, check=self.options.check, activate=False, rollout=RolloutOptions(),
+                                  cycle=CycleOptions(), prune=task.flag("prune"), setup=setup)
+            record.results = runner.run(hosts)
 
     def _rolling(self, play: Play, task: Task, hosts: list[Host], record: TaskRun, fleet: Fleet,
                  batches: bool = True) -> None:
         rollout = RolloutOptions(serial=play.serial if batches else None, canary=play.canary if batches else 0,
                                  max_fail_percentage=play.max_fail_percentage, force=task.flag("force"),
-                                 preflight=True, command=self._label(task))
+                                 preflight=True, command=self._label(task),
+                                 balancer_hosts=self.options.balancer_hosts)
         budget = task.number("startup_budget")
         # Hooks are told which operation this is, as docs/hooks.md lists them (the audit log gets the label).
         cycle = CycleOptions(command="restart" if task.flag("always") else "deploy", pre_drain=task.text("pre_drain"),
                              post_ready=task.text("post_ready"), hook_timeout=task.number("hook_timeout"),
                              idle_timeout=task.number("idle_timeout"), gpu_timeout=task.number("gpu_release_timeout"),
                              parallel_instances=task.flag("parallel_instances"), rollback=task.flag("rollback"),
-                             health_timeout=budget)
+                             health_timeout=budget, balancers=self.options.balancers,
+                             balancer_plans=self.options.balancer_plans)
         if task.flag("always"):
             options = RestartOptions(mode="restart", instance=task.text("instance"), check=self.options.check,
                                      forks=self.options.forks, lock_wait=self.options.lock_wait,
@@ -179,9 +239,10 @@ class PlaybookRunner:
             restarter = Restarter(self.ctx, self.connector, options, fleet=fleet)
             record.results, record.report = restarter.run(hosts), restarter.report
             return
-        runner = self._deploy(task, fleet, check=self.options.check, activate=True, rollout=rollout, cycle=cycle,
-                              health_timeout=budget)
-        record.results, record.report = runner.run(hosts), runner.report
+        with self._setup(fleet) as setup:
+            runner = self._deploy(task, fleet, check=self.options.check, activate=True, rollout=rollout, cycle=cycle,
+                                  health_timeout=budget, setup=setup)
+            record.results, record.report = runner.run(hosts), runner.report
 
     def _restart(self, play: Play, task: Task, hosts: list[Host], record: TaskRun, fleet: Fleet) -> None:
         self._rolling(play, task, hosts, record, fleet, batches=False)
@@ -284,6 +345,12 @@ class PlaybookRunner:
             run.result.status, run.result.message, run.result.evidence = Status.CHANGED, "command ran", lines
 
         record.results = [r.result for r in fleet.run(hosts, [one])]
+
+
+def applies_balancers(task: Task) -> bool:
+    """Whether the task applies the configuration of its play's balancer hosts first: the tasks that change
+    files as `deploy` does (converge, rolling without `always`); a restart changes no file."""
+    return task.action == "converge" or (task.action == "rolling" and not task.flag("always"))
 
 
 def action_line(action: dict[str, str]) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 from ernie_deploy.checks.expectations import Expectations
 from ernie_deploy.errors import DeployError
 from ernie_deploy.orchestration import audit
+from ernie_deploy.orchestration.balancers import BalancerControl
 from ernie_deploy.orchestration.cycle import (
     CycleOptions,
     HostCycle,
@@ -91,6 +92,10 @@ class Restarter:
     @property
     def stopped_by(self) -> int | None:
         return self.fleet.signal
+
+    @property
+    def balancers(self) -> BalancerControl | None:
+        return self.options.cycle.balancers
 
     def run(self, hosts: Sequence[RemoteHost]) -> list[HostResult]:
         return drive(self, hosts, self.options.rollout)

@@ -10,7 +10,8 @@ A change to serving instances is rolling unless all at once is asked for by name
 `rolling` and no serial, the hosts with nothing running go first, together (nothing serving to lose; their
 failures do not stop the rest), then the others `vllm_serial` at a time (the inventory's, default 1).
 Before any stop, every host is read for stray processes on the GPUs of the instances it will (re)start:
-such an instance would be stopped and then could not start (docs/rolling.md).
+such an instance would be stopped and then could not start (docs/rolling.md). With the fleet's balancers driven
+(docs/balancer.md), a balancer that cannot be driven refuses the rollout before anything changes.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Protocol, TypeVar
 from ernie_deploy.checks.result import CheckResult
 from ernie_deploy.errors import DeployError
 from ernie_deploy.orchestration import hooks, resume
+from ernie_deploy.orchestration.balancers import BalancerControl
 from ernie_deploy.orchestration.fleet import Fleet, HostRun
 from ernie_deploy.orchestration.results import HostResult, Status
 from ernie_deploy.orchestration.snapshot import release_lock
@@ -45,6 +47,7 @@ class RolloutOptions:
     resume_key: str | None = None  # where the stopped rollout is kept; None: not kept (check mode)
     resume: bool = False
     command: str = "deploy"
+    balancer_hosts: tuple[str, ...] = ()  # the inventory's balancers, driven unless --no-balancer (the output says)
 
 
 @dataclass
@@ -58,6 +61,9 @@ class Report:
     quiet: bool = False  # the first batch holds the hosts with nothing running: its failures stop nothing
     timeline: Timeline = field(default_factory=Timeline)
     rotation: hooks.Rotation = field(default_factory=hooks.Rotation)
+    balancers: tuple[str, ...] = ()  # the inventory's balancer hosts
+    driven: bool = False  # whether the rollout drives them (False with --no-balancer)
+    balancer_problems: list[str] = field(default_factory=list)  # why the rollout refused to start (pre-flight)
 
 
 S = TypeVar("S")
@@ -70,6 +76,10 @@ class Rollout(Protocol[S]):
     def fleet(self) -> Fleet: ...
     @property
     def report(self) -> Report: ...
+    @property
+    def balancers(self) -> BalancerControl | None:
+        """The balancers its cycles drive (None: none, or --no-balancer)."""
+        ...
 
     def snapshot(self, run: HostRun[S]) -> None: ...
 
@@ -103,6 +113,7 @@ def drive(op: Rollout[S], hosts: Sequence[RemoteHost], opts: RolloutOptions) -> 
     report.done = list(state.done) if state else []
     kept = state or (resume.load(opts.resume_key) if opts.resume_key else None)
     report.rotation = hooks.Rotation(kept.out if kept else None)  # out of rotation in an earlier run: put back
+    report.balancers, report.driven = opts.balancer_hosts, op.balancers is not None
     lock = threading.Lock()
 
     def save() -> None:
@@ -127,6 +138,8 @@ def drive(op: Rollout[S], hosts: Sequence[RemoteHost], opts: RolloutOptions) -> 
 def _batches(op: Rollout[S], runs: list[HostRun[S]], by_name: dict[str, HostRun[S]], opts: RolloutOptions,
              report: Report) -> None:
     fleet = op.fleet
+    if not _balancers_ready(runs, op, report):
+        return
     if opts.resume_key is not None:
         fleet.phase([r for r in runs if report.rotation.out_of(r.host.name)], op.put_back)
     if not _preflight(runs, op, opts, report):
@@ -236,14 +249,35 @@ def _form(op: Rollout[S], runs: list[HostRun[S]], opts: RolloutOptions, serial: 
                      "once)" + ("; hosts with nothing running first, together" if report.quiet else "")
 
 
+def _balancers_ready(runs: list[HostRun[S]], op: Rollout[S], report: Report) -> bool:
+    """Before anything changes (and before --resume puts instances back): when the rollout drives balancers and
+    stops an instance that serves, every balancer must be drivable; otherwise refuse, naming each."""
+    lb = op.balancers
+    live = [r for r in runs if not r.result.finished]
+    owed = any(report.rotation.out_of(r.host.name) for r in live)  # --resume sets those ready
+    if lb is None or not (owed or any(op.disrupts(r) for r in live)):
+        return True
+    report.balancer_problems = lb.unreachable()
+    if not report.balancer_problems:
+        return True
+    said = "; ".join(report.balancer_problems)
+    for run in live:
+        run.result.fail(Status.FAILED, f"refused to start the rollout: a balancer cannot be driven: {said}",
+                        "fix the balancer as the message says and rerun; or rerun with --no-balancer if it is down "
+                        "and you accept losing the requests sent to each instance while it restarts")
+    return False
+
+
 def _name_out_of_rotation(runs: list[HostRun[S]], report: Report) -> None:
     """Every instance still out of the load balancer, named in its host's result (text and JSON)."""
     for run in runs:
         for unit in report.rotation.out_of(run.host.name):
             run.result.checks.append(CheckResult(
-                "rotation", "fail", f"{unit} is out of the load balancer: its pre-drain hook ran, post-ready did "
-                "not (it does not serve, or the rollout stopped first)", instance=unit.removesuffix(".service"),
-                fix="rerun with --resume: post-ready runs for it once it serves (or put it back by hand)"))
+                "rotation", "fail", f"{unit} is out of the load balancer: taken out before its restart (drained "
+                "on its balancer, or its pre-drain hook ran) and not put back (it does not serve, or the rollout "
+                "stopped first)", instance=unit.removesuffix(".service"),
+                fix="rerun with --resume: it is set ready on its balancer and post-ready runs, once it serves (or "
+                    "put it back by hand)"))
 
 
 def _numbered(change: Callable[[HostRun[S], int], None], batch: int, run: HostRun[S]) -> None:

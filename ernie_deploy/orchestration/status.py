@@ -8,20 +8,31 @@ plan's ExecStart (a unit edited by hand and restarted), or that started before i
 changed (an edit not in effect); units staged and not restarted (judged by what runs); a deploy lock left
 behind or held; drop-ins on managed units; managed units the plan no longer has; and `vllm serve` processes
 outside every managed unit (started by hand).
+
+With the fleet's balancers (inventory group `vllm_balancers`), each instance also shows its server's state as
+every balancer sees it (HAProxy's `show stat`: UP, DRAIN, MAINT, DOWN and the current sessions), and each
+balancer gets its own row: HAProxy read or why not, how many of its planned servers are UP. More drift, each
+with its fix: an instance that serves but is out of a balancer's rotation (left drained by an interrupted
+rollout, or failing the balancer's health check), an instance a balancer's live configuration does not know,
+servers a balancer has that the plan does not. A balancer that cannot be read counts as an unreachable host.
 """
 
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Any, Protocol
 
+from ernie_deploy.orchestration.balancers import ServerStat
 from ernie_deploy.orchestration.cycle import unit_of
 from ernie_deploy.orchestration.details import Drift, StatusReport
 from ernie_deploy.orchestration.fleet import Fleet, HostRun
 from ernie_deploy.orchestration.results import HostResult, Status
 from ernie_deploy.orchestration.snapshot import Snapshot, SnapshotOptions, take
 from ernie_deploy.orchestration.transport import RemoteHost
+from ernie_deploy.planning.balancer import GROUP, BalancerBackend, BalancerPlan, BalancerServer
 from ernie_deploy.planning.hostpaths import LOCK_DIR
 from ernie_deploy.planning.plan import PlanContext
 from ernie_deploy.planning.render import environment_for_templates, exec_words, templates_dir, unescape_word
@@ -142,13 +153,14 @@ def report_of(host: str, snap: Snapshot, seen: HostStatus) -> StatusReport:
         state = facts.units.get(unit)
         up = up_seconds(state, facts.now_us) if state is not None else None
         report.instances.append({
-            "unit": unit, "gpus": list(inst.gpus), "port": inst.port,
+            "unit": unit, "index": inst.index, "gpus": list(inst.gpus), "port": inst.port,
             "state": f"{state.active_state}/{state.sub_state}" if state else "not installed",
             "pid": state.main_pid if state else 0, "uptime_s": round(up, 1) if up is not None else None,
             "restarts": state.n_restarts if state else 0, "health": facts.health.get(unit),
             "vllm": (facts.running[unit].version or "?") if unit in facts.running else None,
             "serving": converge.serving_problem(unit, facts, stable) is None,
-            "problem": converge.serving_problem(unit, facts, stable)})
+            "problem": converge.serving_problem(unit, facts, stable),
+            "balancers": {}})  # filled once the balancers are read: StatusReader.run
     now = releases.current(seen.releases, facts.files)
     report.release = now.id if now else None
     if seen.audit:
@@ -160,11 +172,169 @@ def report_of(host: str, snap: Snapshot, seen: HostStatus) -> StatusReport:
     return report
 
 
+# -- the balancers' view ------------------------------------------------------------------------------------------
+
+DEPLOY_BALANCERS = f"ernie-deploy deploy -i INV --limit {GROUP}"
+
+
+class BalancerView(Protocol):
+    """What status reads of the fleet's balancers (orchestration/balancers.py `Balancers` is one)."""
+
+    def all_stats(self) -> Mapping[str, Mapping[str, ServerStat] | str]:
+        """Each balancer host's servers as HAProxy's `show stat` lists them (server name → stat), or the problem
+        sentence (naming the balancer) when that balancer could not be read."""
+        ...
+
+
+def in_rotation(stat: ServerStat) -> bool:
+    """Whether HAProxy sends the server new requests: UP (also "UP 1/2", still up while a check fails), or
+    "no check" (a server line without `check`, as a hand-made configuration may have)."""
+    return stat.up or stat.status == "no check"
+
+
+@dataclass
+class BalancerReport:
+    """One balancer host as status read it: HAProxy's view of its servers against the balancer's plan."""
+
+    plan: BalancerPlan
+    problem: str | None = None  # why it could not be read; None when HAProxy answered
+    servers: dict[str, ServerStat] = field(default_factory=dict)  # what `show stat` listed, by server name
+    drift: list[Drift] = field(default_factory=list)
+
+    @property
+    def host(self) -> str:
+        return self.plan.host
+
+    @property
+    def up(self) -> int:
+        """Planned servers HAProxy sends requests to."""
+        return sum(1 for _, s in self.plan.servers() if s.name in self.servers and in_rotation(self.servers[s.name]))
+
+    def to_json(self) -> dict[str, Any]:
+        planned = {s.name: b.name for b, s in self.plan.servers()}
+        names = list(planned) + sorted(set(self.servers) - set(planned))
+        return {"error": self.problem, "kind": self.plan.kind, "listen": f"{self.plan.bind}:{self.plan.port}",
+                "admin_socket": self.plan.admin_socket, "planned": len(planned),
+                "up": None if self.problem else self.up,
+                "servers": {n: {"backend": planned.get(n), "planned": n in planned,
+                                **server_json(None if self.problem else self.servers.get(n), read=not self.problem)}
+                            for n in names},
+                "drift": [d.to_json() for d in self.drift]}
+
+
+def server_json(stat: ServerStat | None, *, read: bool) -> dict[str, Any]:
+    """A server as one balancer sees it; `configured` is None when the balancer could not be read."""
+    return {"configured": (stat is not None) if read else None, "status": stat.status if stat else None,
+            "sessions": stat.scur if stat else None, "weight": stat.weight if stat else None,
+            "in_rotation": in_rotation(stat) if stat else None}
+
+
+def read_balancers(plans: Sequence[BalancerPlan], view: BalancerView, read_hosts: set[str]) -> list[BalancerReport]:
+    """Every balancer's answer, and its own drift: servers its live configuration has that the plan does not,
+    and planned servers it lacks whose vLLM host this run did not read (those of a read host are named on the
+    instance: `instance_view`)."""
+    answers = view.all_stats()
+    out = []
+    for plan in plans:
+        answer = answers.get(plan.host, f"{plan.host}: the balancer was not read")
+        if isinstance(answer, str):
+            out.append(BalancerReport(plan, problem=answer))
+            continue
+        report = BalancerReport(plan, servers=dict(answer))
+        planned = {s.name: s for _, s in plan.servers()}
+        extra = sorted(set(report.servers) - set(planned))
+        if extra:
+            report.drift.append(Drift("balancer-config", plan.host, f"{plan.host}'s live HAProxy configuration has "
+                                      f"server(s) the plan does not: {', '.join(extra)}", DEPLOY_BALANCERS))
+        missing = [n for n, s in planned.items() if n not in report.servers and s.host not in read_hosts]
+        if missing:
+            report.drift.append(Drift("balancer-config", plan.host, f"{plan.host}'s live HAProxy configuration "
+                                      f"lacks planned server(s): {', '.join(missing)}", DEPLOY_BALANCERS))
+        out.append(report)
+    return out
+
+
+def instance_view(host: str, index: int, serving: bool,
+                  balancers: Sequence[BalancerReport]) -> tuple[dict[str, dict[str, Any]], list[Drift]]:
+    """Instance `index` of vLLM host `host` as each balancer sees it, and the drift of that: serving but out of a
+    balancer's rotation, or unknown to its live configuration. An instance that does not serve is expected to be
+    out of rotation (its own drift says why it does not serve)."""
+    columns: dict[str, dict[str, Any]] = {}
+    out = []
+    for b in balancers:
+        found = b.plan.server_for(host, index)
+        backend, server = found if found is not None else (None, None)
+        # The plan names every server `<host>-<index>` (planning/balancer.py), also one it does not have.
+        name = server.name if server is not None else f"{host}-{index}"
+        stat = b.servers.get(name)
+        columns[b.host] = {"server": name, **server_json(stat, read=b.problem is None)}
+        if b.problem is not None:
+            continue  # the balancer's own row names the problem
+        if stat is None:
+            out.append(Drift("balancer-config", f"{b.host}/{name}", f"{b.host}'s live HAProxy configuration has "
+                             f"no server {name}: this instance gets no requests through it", DEPLOY_BALANCERS))
+        elif serving and not in_rotation(stat):
+            out.append(rotation_drift(b.plan, name, stat, backend, server))
+    return columns, out
+
+
+def rotation_drift(plan: BalancerPlan, name: str, stat: ServerStat, backend: BalancerBackend | None,
+                   server: BalancerServer | None) -> Drift:
+    """A serving instance that a balancer sends no requests to, and the fix an operator can run now. Drain and
+    maintenance are administrative states (the runtime API set them: a rollout stopped, or a hand-run drain);
+    only `state ready` ends them, and a rollout's --resume knows only the instances its state file recorded,
+    so the fix is HAProxy's own command on the balancer. DOWN and NOLB come from the health check failing."""
+    subject, where = f"{plan.host}/{name}", f"{plan.host} ({stat.status})"
+    if stat.status.startswith(("DRAIN", "MAINT")):
+        what = "drained" if stat.status.startswith("DRAIN") else "in maintenance"
+        message = (f"{name} serves but is out of rotation on {where}: {what} through HAProxy's runtime API (by "
+                   "a rollout that stopped, or by hand), so it gets no requests")
+        if backend is None:
+            return Drift("balancer", subject, message, DEPLOY_BALANCERS)
+        command = f"set server {backend.name}/{name} state ready"
+        return Drift("balancer", subject, message,
+                     f"on {plan.host} as root: echo {shlex.quote(command)} | socat stdio "
+                     f"{shlex.quote(plan.admin_socket)}  # socat: apt-get install socat")
+    target = f"{server.address}:{server.port}" if server is not None else "the instance"
+    return Drift("balancer", subject, f"{name} serves but {where} fails its health check (a completion request "
+                                      f"to {target}), so it gets no requests",
+                 f"check that {plan.host} reaches {target} (firewall, the instance's bind address) and that its "
+                 f"configuration is current: {DEPLOY_BALANCERS}")
+
+
+def judge(result: HostResult, report: StatusReport) -> None:
+    if report.drift:
+        result.status = Status.FAILED
+        result.message = f"{len(report.drift)} drift(s) from the plan"
+        result.hint = f"ernie-deploy deploy -i INV --limit {result.host}"
+    else:
+        serving = sum(1 for i in report.instances if i["serving"])
+        result.message = f"no drift; {serving} of {len(report.instances)} instance(s) serving"
+
+
+def balancer_result(b: BalancerReport) -> HostResult:
+    """A balancer's row among the hosts' results: unreadable counts as unreachable (exit 4), drift as failed."""
+    result = HostResult(b.host)
+    if b.problem is not None:
+        result.fail(Status.UNREACHABLE, b.problem)
+    elif b.drift:
+        result.fail(Status.FAILED, f"{len(b.drift)} drift(s) from the plan", DEPLOY_BALANCERS)
+    else:
+        result.message = f"HAProxy answers; {b.up} of {len(b.plan.servers())} planned server(s) UP"
+    return result
+
+
 class StatusReader:
-    def __init__(self, ctx: PlanContext, fleet: Fleet, templates: Path | None = None) -> None:
+    """Reads the selected vLLM hosts through the fleet, then, when given, every balancer through `balancers`
+    (the plans of all the inventory's balancers: each fronts every instance)."""
+
+    def __init__(self, ctx: PlanContext, fleet: Fleet, templates: Path | None = None, *,
+                 balancers: BalancerView | None = None, balancer_plans: Sequence[BalancerPlan] = ()) -> None:
         self.ctx, self.fleet = ctx, fleet
         self.templates = environment_for_templates(templates_dir(templates))
+        self.balancers, self.balancer_plans = balancers, tuple(balancer_plans)
         self.results: list[HostResult] = []
+        self.balancer_reports: dict[str, BalancerReport] = {}
 
     @property
     def reports(self) -> dict[str, StatusReport]:
@@ -172,7 +342,10 @@ class StatusReader:
         return {r.host: r.detail for r in self.results if isinstance(r.detail, StatusReport)}
 
     def run(self, hosts: Sequence[RemoteHost]) -> list[HostResult]:
+        """The vLLM hosts' results, then one per balancer (none after a signal stopped the run)."""
         self.results = [r.result for r in self.fleet.run(hosts, [self._host])]
+        if self.balancers is not None and self.balancer_plans and self.fleet.signal is None:
+            self._read_balancers(self.balancers)
         return self.results
 
     def _host(self, run: HostRun[None]) -> None:
@@ -180,12 +353,19 @@ class StatusReader:
         if snap is None:
             return
         report = report_of(run.host.name, snap, parse(snap.text))
-        result = run.result
-        result.detail = report
-        if report.drift:
-            result.status = Status.FAILED
-            result.message = f"{len(report.drift)} drift(s) from the plan"
-            result.hint = f"ernie-deploy deploy -i INV --limit {run.host.name}"
-        else:
-            serving = sum(1 for i in report.instances if i["serving"])
-            result.message = f"no drift; {serving} of {len(report.instances)} instance(s) serving"
+        run.result.detail = report
+        judge(run.result, report)
+
+    def _read_balancers(self, view: BalancerView) -> None:
+        reports = self.reports
+        read = read_balancers(self.balancer_plans, view, set(reports))
+        for result in self.results:
+            report = reports.get(result.host)
+            if report is None:
+                continue
+            for inst in report.instances:
+                inst["balancers"], found = instance_view(result.host, inst["index"], inst["serving"], read)
+                report.drift.extend(found)
+            judge(result, report)
+        self.balancer_reports = {b.host: b for b in read}
+        self.results.extend(balancer_result(b) for b in read)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from ernie_deploy.orchestration.steps import Step, StepStatus
 
-PHASES = ("hook", "drain", "stop", "gpu-release", "load", "ready", "rollback")
+PHASES = ("balancer", "hook", "drain", "stop", "gpu-release", "load", "ready", "rollback")
 
 
 @dataclass(frozen=True)

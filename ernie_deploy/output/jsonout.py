@@ -14,6 +14,9 @@ from ernie_deploy.output.schemas import RESULTS_SCHEMA
 # (batches, done, stopped, refused, resumed); each step's ended_at (epoch seconds).
 # v4: the rollout's "how" (how its batches were formed) and "out_of_rotation" (host → units left out of the
 # load balancer: pre-drain ran, post-ready did not).
+# v5: the rollout's "balancers" (the inventory's balancer hosts, whether they were driven, why the rollout refused
+# to start); deploy's "hosts" begin with one result per balancer whose configuration it applied; an instance's
+# "balancer" phase steps (drain on the balancer, ready again).
 
 
 def step_json(s: Step) -> dict[str, Any]:

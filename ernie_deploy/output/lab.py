@@ -25,6 +25,17 @@ class LabHost(Protocol):
     def gpu_count(self) -> int: ...
 
 
+class LabBalancer(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def address(self) -> str: ...
+    @property
+    def pid(self) -> int | None: ...
+    @property
+    def frontend(self) -> str | None: ...
+
+
 class LabView(Protocol):
     @property
     def dir(self) -> str: ...
@@ -42,9 +53,13 @@ class LabView(Protocol):
     def ready_seconds(self) -> float | None: ...
     @property
     def hosts(self) -> Sequence[LabHost]: ...
+    @property
+    def balancers(self) -> Sequence[LabBalancer]: ...
 
 
-class LabStatus(Protocol):
+class MachineStatus(Protocol):
+    """What every lab container reports: GPU host or balancer."""
+
     @property
     def name(self) -> str: ...
     @property
@@ -53,10 +68,23 @@ class LabStatus(Protocol):
     def state(self) -> str: ...
     @property
     def pid(self) -> int | None: ...
+
+
+class LabStatus(MachineStatus, Protocol):
     @property
     def gpu_model(self) -> str: ...
     @property
     def gpu_count(self) -> int: ...
+
+
+class LabBalancerStatus(MachineStatus, Protocol):
+    @property
+    def frontend(self) -> str: ...
+
+
+# HAProxy is installed but off until `deploy` configures it; the table says how to get there.
+_BALANCER_NOTE = ("balancers run HAProxy once deployed: ernie-deploy deploy -i INVENTORY (group vllm_balancers; "
+                  "docs/lab.md)")
 
 
 def show_up(state: LabView, *, json: bool) -> None:
@@ -70,24 +98,36 @@ def show_up(state: LabView, *, json: bool) -> None:
             "build_seconds": state.build_seconds,
             "ready_seconds": state.ready_seconds,
             "hosts": [{"name": h.name, "address": h.address, "pid": h.pid, "gpus": h.gpus} for h in state.hosts],
+            "balancers": [{"name": b.name, "address": b.address, "pid": b.pid, "frontend": b.frontend}
+                          for b in state.balancers],
         })
         return
     console.table(None, ["host", "address", "GPUs"],
                   [(h.name, h.address, f"{h.gpu_count}× {h.gpu_model}") for h in state.hosts])
+    if state.balancers:
+        console.table(None, ["balancer", "address", "frontend"],
+                      [(b.name, b.address, b.frontend or "-") for b in state.balancers])
+        console.out.print(_BALANCER_NOTE, markup=False, highlight=False)
     console.out.print(f"inventory: {state.inventory}", markup=False, highlight=False)
     console.out.print(f"ssh: ssh -i {state.key} -o UserKnownHostsFile={state.known_hosts} "
                       f"root@{state.hosts[0].address}", markup=False, highlight=False)
 
 
-def show_status(lab_dir: Path, statuses: Sequence[LabStatus], *, json: bool) -> None:
+def show_status(lab_dir: Path, statuses: Sequence[LabStatus], *, json: bool,
+                balancers: Sequence[LabBalancerStatus] = ()) -> None:
     if json:
-        console.print_json({"dir": str(lab_dir), "running": bool(statuses), "hosts": [s.__dict__ for s in statuses]})
+        console.print_json({"dir": str(lab_dir), "running": bool(statuses), "hosts": [s.__dict__ for s in statuses],
+                            "balancers": [b.__dict__ for b in balancers]})
         return
     if not statuses:
         console.out.print(f"no lab is running here ({lab_dir})", markup=False, highlight=False)
         return
     console.table(f"lab in {lab_dir}", ["host", "address", "state", "pid", "GPUs"],
                   [(s.name, s.address, s.state, s.pid or "-", f"{s.gpu_count}× {s.gpu_model}") for s in statuses])
+    if balancers:
+        console.table(None, ["balancer", "address", "state", "pid", "frontend"],
+                      [(b.name, b.address, b.state, b.pid or "-", b.frontend) for b in balancers])
+        console.out.print(_BALANCER_NOTE, markup=False, highlight=False)
 
 
 def show_down(stopped: bool, lab_dir: Path) -> None:

@@ -122,11 +122,21 @@ def show_rollout(report: Report, results: Sequence[HostResult], verbose: int = 0
     """Batches, where the rollout stopped, and (-v) per-instance phase timings."""
     if report.refused:
         console.out.print("pre-flight: already down: " + "; ".join(report.refused), markup=False)
+    names = ", ".join(report.balancers)
+    if report.balancers and not report.driven:
+        console.out.print(f"[bold yellow]--no-balancer: the balancers ({names}) were not driven[/]: requests they "
+                          "sent to an instance while it restarted were lost", markup=True, highlight=False)
+    elif report.balancers and verbose:
+        console.out.print(f"balancers driven: {names} (drain before each restart, ready once it serves)",
+                          markup=False)
+    if report.balancer_problems:
+        console.out.print("pre-flight: a balancer cannot be driven: " + "; ".join(report.balancer_problems),
+                          markup=False)
     if report.how:
         console.out.print(f"rollout: {report.how}", markup=False)
     out = [f"{host} {unit}" for host, units in report.rotation.snapshot().items() for unit in units]
     if out:
-        console.out.print("out of the load balancer (pre-drain ran, post-ready did not): " + ", ".join(out)
+        console.out.print("out of the load balancer (taken out before its restart, not put back): " + ", ".join(out)
                           + "; --resume puts each back once it serves", markup=False)
     if len(report.batches) > 1 or report.resumed:
         done = {k + 1 for k in report.done}

@@ -36,7 +36,9 @@ def say_accept_new(check: bool) -> None:
 def report_json(report: Report) -> dict[str, object]:
     return {"batches": report.batches, "done": [k + 1 for k in report.done], "stopped": report.stopped or None,
             "refused": report.refused, "resumed": report.resumed, "how": report.how or None,
-            "out_of_rotation": report.rotation.snapshot()}
+            "out_of_rotation": report.rotation.snapshot(),
+            "balancers": {"hosts": list(report.balancers), "driven": report.driven,
+                          "refused": report.balancer_problems}}
 
 
 def show_outcome(command: str, results: list[HostResult], code: int, report: Report, *, json: bool, check: bool,

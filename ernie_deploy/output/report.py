@@ -7,7 +7,9 @@ from collections.abc import Mapping, Sequence
 
 from ernie_deploy.errors import DeployError
 from ernie_deploy.output import console
+from ernie_deploy.output.balancer import balancers_json, fronting_json, show_balancers, show_fronting
 from ernie_deploy.output.schemas import PLAN_SCHEMA, RENDER_SCHEMA
+from ernie_deploy.planning.balancer import BalancerPlan
 from ernie_deploy.planning.findings import Severity
 from ernie_deploy.planning.memory import GIB
 from ernie_deploy.planning.plantypes import HostPlan
@@ -115,24 +117,33 @@ def show_explain(plan: HostPlan) -> None:
         console.table("flags of each unit's ExecStart", ["unit", "flag", "value", "why"], flag_sources(plan))
 
 
-def show_plan_command(plans: Sequence[HostPlan], *, json: bool, verbose: bool) -> None:
-    """`plan`: every host's plan and a one-line summary, or the plan JSON."""
+def show_plan_command(plans: Sequence[HostPlan], *, json: bool, verbose: bool,
+                      balancers: Sequence[BalancerPlan] = (),
+                      balancer_failures: Mapping[str, DeployError] | None = None) -> None:
+    """`plan`: every host's plan, every selected balancer's, and a one-line summary; or the plan JSON."""
+    failed = balancer_failures or {}
     if json:
-        console.print_json({"schema": PLAN_SCHEMA, "ok": all(p.ok for p in plans),
-                            "hosts": [p.to_json() for p in plans]})
+        console.print_json({"schema": PLAN_SCHEMA, "ok": all(p.ok for p in plans) and not failed,
+                            "hosts": [p.to_json() for p in plans], "balancers": balancers_json(balancers, failed)})
         return
     show_plans(plans, verbose=verbose)
+    show_balancers(balancers, failed)
     bad = [p.name for p in plans if not p.ok]
     summary = f"{len(plans)} host(s), {len(bad)} with errors" + (f": {', '.join(bad)}" if bad else "")
+    if balancers or failed:
+        summary += f"; {len(balancers) + len(failed)} balancer(s), {len(failed)} with errors" + (
+            f": {', '.join(failed)}" if failed else "")
     console.out.print(summary, markup=False)
 
 
-def show_explain_command(plan: HostPlan, *, json: bool) -> None:
+def show_explain_command(plan: HostPlan, *, json: bool, balancers: Sequence[str] = ()) -> None:
+    """`explain HOST` of a vLLM host; `balancers`: the inventory's balancer hosts, which front its instances."""
     if json:
-        console.print_json({"schema": PLAN_SCHEMA, **plan.to_json()})
+        console.print_json({"schema": PLAN_SCHEMA, **plan.to_json(), "balancers": fronting_json(plan, balancers)})
         return
     show_explain(plan)
     show_plans([plan], verbose=True)
+    show_fronting(plan, balancers)
 
 
 def show_render(written: Sequence[str], failed: Mapping[str, DeployError], *, json: bool) -> None:

@@ -1,9 +1,9 @@
 """Every JSON document's schema name, apart so the command line can name them in --help without loading the
 renderers. (The rollout state file's own format name lives with that file, orchestration/resume.py.)"""
 
-RESULTS_SCHEMA = "ernie-deploy/deploy/v4"  # deploy, restart, rollback
+RESULTS_SCHEMA = "ernie-deploy/deploy/v5"  # deploy, restart, rollback
 VERIFY_SCHEMA = "ernie-deploy/verify/v1"  # verify: the same host results; its checks are what it is read for
-PLAN_SCHEMA = "ernie-deploy/plan/v1"  # plan, explain
+PLAN_SCHEMA = "ernie-deploy/plan/v2"  # plan, explain; v2: the balancers (docs/balancer.md)
 RENDER_SCHEMA = "ernie-deploy/render/v1"
 EXPORT_SCHEMA = "ernie-deploy/export/v1"
 PROVISION_SCHEMA = "ernie-deploy/provision/v1"
@@ -11,4 +11,4 @@ RELEASES_SCHEMA = "ernie-deploy/releases/v2"  # v2: each release's "failed" reco
 # facts v2: each host's driver check against its vLLM (docs/drivers.md); v3: the vLLM each running process uses
 FACTS_SCHEMA = "ernie-deploy/facts/v3"
 RUN_SCHEMA = "ernie-deploy/run/v1"
-STATUS_SCHEMA = "ernie-deploy/status/v2"  # v2: the vLLM the processes run, and the installed one
+STATUS_SCHEMA = "ernie-deploy/status/v3"  # v2: the vLLM the processes run, and the installed one; v3: balancers

@@ -26,6 +26,7 @@ FORMATS = {".svg": "svg", ".html": "html", ".htm": "html"}
 # because it means "failed", and amber because it means "warning".
 PHASE_COLOUR = {
     "hook": "#9b7fd1",
+    "balancer": "#f0e442",
     "drain": "#56b4e9",
     "stop": "#8c6d5a",
     "gpu-release": "#cc79a7",

@@ -114,6 +114,20 @@ SETTING_TYPES: dict[str, SettingType] = {
     "cpu_omp_threads_bind": SettingType((str, list), item=str,
                                         hint="give one string for every instance (auto, nobind or CPU lists "
                                              "like 0-3|4-7), or a list of such strings, one per instance"),
+    # The HAProxy weight of each of the host's instances on the fleet's balancers (planning/balancer.py); unset,
+    # an instance weighs its GPUs (TP × PP). HAProxy takes 1..256 (configuration.txt 5.2, "weight").
+    "balancer_weight": SettingType(int, bounds=Bounds(1, 256, fix="to the instance's relative capacity, 1 to 256")),
+}
+# Variables of a balancer host (group vllm_balancers, planning/balancer.py), read there and not by a vLLM host's
+# plan: set in group_vars/all they reach every host, where they mean nothing and are no typo.
+BALANCER_TYPES: dict[str, SettingType] = {
+    "balancer_port": SettingType(int, bounds=Bounds(1, MAX_PORT, fix="to a free TCP port, e.g. 8080")),
+    "balancer_bind": SettingType(str, hint="give an IP address, e.g. 0.0.0.0 (every IPv4 address) or ::"),
+    "balancer_admin_socket": SettingType(str, hint="give an absolute path, e.g. /run/haproxy/admin.sock"),
+    "balancer_config": SettingType(str, hint="give an absolute path, e.g. /etc/haproxy/haproxy.cfg"),
+    # Below 0.1 s the checks (a completion each) would load the instances more than they tell.
+    "balancer_check_interval": SettingType((int, float), bounds=Bounds(0.1, 3600, fix="to seconds, e.g. 2")),
+    "balancer_template": SettingType(str, hint="give the path of a Jinja2 file on this machine"),
 }
 # Secrets whose inventory name does not follow the vllm_ prefix.
 SECRET_VARS = {"hf_token": "hf_token"}
@@ -157,9 +171,9 @@ class Setting:
     source: str
 
 
-def check_type(name: str, value: Any, where: str) -> Any:
-    """Validate one setting value; returns it (secrets wrapped) or raises naming the variable."""
-    spec = SETTING_TYPES[name]
+def check_type(name: str, value: Any, where: str, types: Mapping[str, SettingType] = SETTING_TYPES) -> Any:
+    """Validate one setting value (of `types`); returns it (secrets wrapped) or raises naming the variable."""
+    spec = types[name]
     kinds = spec.kind if isinstance(spec.kind, tuple) else (spec.kind,)
     bad = (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds)
     if not bad and spec.item is not None:
@@ -207,7 +221,7 @@ def inventory_settings(host_vars: Mapping[str, Any], where: str) -> dict[str, An
     values of the wrong type or out of range."""
     found: dict[str, Any] = {}
     problems: list[InventoryError] = []
-    known = [f"vllm_{n}" for n in SETTING_TYPES]
+    known = [f"vllm_{n}" for n in (*SETTING_TYPES, *BALANCER_TYPES)]
     for var, value in host_vars.items():
         if not var.startswith("vllm_"):
             close = difflib.get_close_matches(var, [v for v in REQUIRED_VARS if v not in host_vars], n=1, cutoff=0.8)
@@ -216,6 +230,8 @@ def inventory_settings(host_vars: Mapping[str, Any], where: str) -> dict[str, An
                                                hint=f"did you mean {close[0]}?"))
             continue
         name = var.removeprefix("vllm_")
+        if name in BALANCER_TYPES:
+            continue
         if name not in SETTING_TYPES:
             close = difflib.get_close_matches(var, known, n=1)
             problems.append(InventoryError(f"unknown variable {var}", where=where,

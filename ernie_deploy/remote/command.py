@@ -43,6 +43,8 @@ class Op(Enum):
     HUB_DOWNLOAD = "download from the Hub"
     COMMAND = "operator command"  # a playbook's `command` task
     LOGS = "read journal"
+    BALANCER_APPLY = "apply balancer config"
+    BALANCER_ADMIN = "balancer runtime API"
     SCRIPT = "script"  # an ad-hoc script (tests, the lab): no orchestration flow sends one
 
 

@@ -1,11 +1,17 @@
-"""Helpers for lab tests: bounded polling and hand-written systemd units that clean up after themselves."""
+"""Helpers for lab tests: bounded polling, hand-written systemd units that clean up after themselves, and the
+lab's inventory with or without its balancer group."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
-from ernie_deploy.lab import Lab
+import yaml
+
+from ernie_deploy.lab import BalancerSpec, Lab, LabState
+from ernie_deploy.lab.access import BALANCER_GROUP, balancer_group
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.2) -> bool:
@@ -49,3 +55,30 @@ class Units:
         for host, name in reversed(self.made):
             self.lab.ssh(host, f"systemctl stop {name}.service; systemctl reset-failed {name}.service; "
                                f"rm -f /etc/systemd/system/{name}.service; systemctl daemon-reload")
+
+
+def drop_balancers(path: Path) -> None:
+    """Remove the `vllm_balancers` group from an inventory `lab up` wrote. The lab tests that predate the balancer
+    deploy and restart with this inventory; with the group they would configure HAProxy and drive it on every
+    restart, which is test_lab_balancer.py's business (it adds the group back with `inventory(balancers=True)`)."""
+    data = yaml.safe_load(path.read_text())
+    if data["all"]["children"].pop(BALANCER_GROUP, None) is not None:
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def inventory(state: LabState, directory: Path, name: str = "inventory.yml", *, balancers: bool = False,
+              host_vars: dict[str, dict[str, Any]] | None = None) -> Path:
+    """A copy of the lab's inventory in `directory`, `host_vars` (host → variables) merged in, in whichever group
+    the host is, and, with `balancers`, the lab's `vllm_balancers` group as `lab up` writes it."""
+    data = yaml.safe_load(Path(state.inventory).read_text())
+    groups = data["all"]["children"]
+    if balancers:
+        specs = [BalancerSpec(b.name, b.address) for b in state.balancers]
+        groups[BALANCER_GROUP] = balancer_group(specs, Path(state.key), Path(state.known_hosts))
+    for host, extra in (host_vars or {}).items():
+        owner = next((g for g in groups.values() if host in (g.get("hosts") or {})), None)
+        assert owner is not None, f"{host} is in no group of {state.inventory}"
+        owner["hosts"][host].update(extra)
+    path = directory / name
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path

@@ -1,5 +1,5 @@
-"""A bounded load generator that acts as the load balancer in front of the lab's instances, and a sampler
-that records which hosts are down every 100 ms.
+"""A bounded load generator that acts as the load balancer in front of the lab's instances (or, `through`, sends
+everything to a real balancer's frontend), and a sampler that records which hosts are down every 100 ms.
 
 The rotation is a JSON file of "address:port" backends; the rollout's pre-drain hook removes an instance from
 it, the post-ready hook puts it back (rotation.py is the hook). Every request goes to a backend in rotation
@@ -106,6 +106,14 @@ class LoadBalancer:
                 self.outcomes.append(Outcome(backend, stream, ok, detail, t0, time.time()))
             if self.pause:
                 self.stop.wait(self.pause)
+
+def through(frontend: str, model: str, directory: Path, **options: Any) -> LoadBalancer:
+    """A load whose every request goes to one "address:port", a real balancer's frontend, which does the
+    balancing (the rotation holds that one entry, and no hook ever changes it)."""
+    rotation = directory / "frontend.json"
+    rotation.write_text(json.dumps([frontend]))
+    return LoadBalancer(rotation, model, **options)
+
 
 @dataclass
 class Sampler:

@@ -1,6 +1,6 @@
 """The tool on real vLLM (its CPU build) in the lab: provision → deploy → verify, a rolling restart under load
-through the hooks, a TP-2 drain that runs past its timeout, and a start-up real vLLM refuses that the planner
-cannot foresee, rolled back.
+through the hooks, a TP-2 drain that runs past its timeout, a start-up real vLLM refuses that the planner
+cannot foresee, rolled back, and (last) a restart driven through the lab's HAProxy, lb-real.
 
 One lab of two real-vLLM hosts (ernie_deploy/data/lab-real-vllm.yml: real-1 serves at TP 1, real-2 at TP 2)
 is booted, provisioned and deployed once for the module; the tests run in file order on it. Real start-ups take
@@ -22,10 +22,13 @@ import pytest
 import yaml
 
 from ernie_deploy.cli.main import main
-from ernie_deploy.lab import Lab, LabState, load_spec
+from ernie_deploy.lab import BalancerSpec, Lab, LabState, load_spec
+from ernie_deploy.lab.access import BALANCER_GROUP, balancer_group
 from ernie_deploy.lab.spec import DEFAULT_SPEC
 from lab.conftest import require_lab
-from lab.loadgen import LoadBalancer, complete, healthy, hook
+from lab.haproxy import LabBalancer, drained_then_ready
+from lab.labhelpers import drop_balancers, wait_for
+from lab.loadgen import LoadBalancer, complete, healthy, hook, through
 
 pytestmark = [pytest.mark.lab, pytest.mark.real_vllm]
 
@@ -37,8 +40,11 @@ PLANNED_TP = {"real-1": 1, "real-2": 2}
 DRAIN = {"real-2": 5}
 
 
-def write_inventory(state: LabState, path: Path, **host_vars: dict[str, Any]) -> Path:
+def write_inventory(state: LabState, path: Path, balancers: bool = False, **host_vars: dict[str, Any]) -> Path:
     data = yaml.safe_load(Path(state.inventory).read_text())
+    if balancers:
+        specs = [BalancerSpec(b.name, b.address) for b in state.balancers]
+        data["all"]["children"][BALANCER_GROUP] = balancer_group(specs, Path(state.key), Path(state.known_hosts))
     hosts = data["all"]["children"]["lab_real"]["hosts"]
     for name, seconds in DRAIN.items():
         hosts[name]["vllm_drain_timeout"] = seconds
@@ -69,7 +75,8 @@ def real_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     require_lab()
     the_lab = Lab(tmp_path_factory.mktemp("real-lab"), progress=lambda m: sys.stderr.write(f"[real lab] {m}\n"))
     try:
-        the_lab.up(load_spec(SPEC))
+        # lb-real joins only the last test's inventory; the tests before it restart without a balancer.
+        drop_balancers(Path(the_lab.up(load_spec(SPEC)).inventory))
         yield the_lab
     finally:
         the_lab.down()
@@ -242,3 +249,43 @@ def test_a_start_real_vllm_refuses_is_rolled_back_with_its_error_and_serves_agai
     out = capsys.readouterr().out
     assert f"Starting vLLM server on http://{address}:8000" in out
     assert "CPU KV cache size: 58,240 tokens" in out and "Address already in use" not in out
+
+
+def test_deploy_with_the_balancer_then_a_serial_restart_through_it_loses_no_request(
+        capsys: pytest.CaptureFixture[str], real_lab: Lab, deployed: Path, tmp_path: Path) -> None:
+    """lb-real joins the inventory: deploy configures and starts its HAProxy (the instances are unchanged, nothing
+    restarts), and a `restart --serial 1` of real-1 under a light load through lb-real's frontend drains real-1 on
+    HAProxy first and sets it ready after real vLLM passed its readiness gate: no request fails. (real-1 only:
+    real-2's TP-2 start takes minutes on 2 cores.)"""
+    state = real_lab.require_state()
+    balanced = write_inventory(state, tmp_path / "balanced.yml", balancers=True)
+    before = {h: main_pid(real_lab, h) for h in PLANNED_TP}
+    rc, doc = run(capsys, "deploy", balanced)
+    assert rc == 0 and doc["by_host"]["lb-real"]["status"] == "changed", \
+        [(h["host"], h["status"], h["message"]) for h in doc["hosts"]]
+    assert {h: main_pid(real_lab, h) for h in PLANNED_TP} == before
+    lb = LabBalancer(real_lab, "lb-real")
+    # Each check is a one-token completion on real vLLM: UP after two of them (rise 2, every second).
+    assert wait_for(lb.all_up, 60), lb.stats()
+    assert set(lb.stats()) == {f"{h}-0" for h in PLANNED_TP}
+
+    # The light load of the hooks test above, for the same reason (a saturating one starves a start on 2 cores).
+    load = through(lb.frontend, MODEL, tmp_path, workers=2, max_seconds=600, stream_tokens=16, tokens=8,
+                   request_timeout=180, pause=1.5)
+    since = time.time()
+    load.start()
+    try:
+        time.sleep(2.0)
+        rc, doc = run(capsys, "restart", balanced, "--limit", "real-1", "--serial", "1", "--idle-timeout", "300")
+        time.sleep(2.0)
+    finally:
+        outcomes = load.finish()
+    assert rc == 0, [(h["host"], h["message"]) for h in doc["hosts"]]
+    assert main_pid(real_lab, "real-1") != before["real-1"]
+    lost = [o for o in outcomes if not o.ok]
+    assert not lost, lost[:5]
+    assert len(outcomes) > 10 and any(o.stream for o in outcomes)
+    events = lb.events(since)
+    assert drained_then_ready(events.get("real-1-0", [])), events
+    assert not [e for e in events.get("real-2-0", []) if "drain" in e], events
+    assert wait_for(lb.all_up, 60), lb.stats()
