@@ -1,11 +1,13 @@
 """`export ansible` run for real: ansible-playbook (and ansible-runner's transmit | worker | process, the path
 AWX's execution nodes take) against lab hosts. The units that land equal `render`'s byte for byte, a second
 run changes nothing, ernie-deploy's verify, deploy, releases and status agree with what Ansible did, the two
-share the deploy lock, a rolling restart under load with the balancer hooks loses no request, and a start-up
-fault ends the play after its batch with that host back on the release it ran.
+share the deploy lock, a rolling restart under load with the balancer hooks loses no request, the export's own
+balancer role and cycle drive a real HAProxy (the session lab's lb-1) through a rolling restart without losing a
+request, and a start-up fault ends the play after its batch with that host back on the release it ran.
 
-A lab of its own (three ready hosts from 127.0.0.61) beside the session's lab, torn down at the end. The
-tests run in file order and build on each other.
+A lab of its own (three ready hosts from 127.0.0.61) beside the session's lab, torn down at the end; the session
+lab lends its balancer host, put back as the image left it afterwards. The tests run in file order and build on
+each other.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import re
 import secrets
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,10 +28,14 @@ import pytest
 import yaml
 
 from ernie_deploy.cli.main import main
-from ernie_deploy.lab import Lab, LabState
+from ernie_deploy.lab import BalancerSpec, Lab, LabState
+from ernie_deploy.lab.access import BALANCER_GROUP, balancer_group
 from ernie_deploy.lab.spec import parse_spec
 from ernie_deploy.remote.lock import LockInfo, acquire_script, release_script
-from lab.loadgen import LoadBalancer, Sampler, hook
+from lab.haproxy import LabBalancer, StateSampler, drained_then_ready
+from lab.labhelpers import wait_for
+from lab.loadgen import LoadBalancer, Sampler, hook, through
+from lab.test_lab_balancer import BALANCER, RESET, SAVED, UP_WITHIN
 
 pytestmark = pytest.mark.lab
 
@@ -48,7 +55,7 @@ def xlab(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         {"name": "x2", "gpu_model": "NVIDIA A10", "gpu_count": 2},
         {"name": "x3", "gpu_model": "NVIDIA A10", "gpu_count": 1},
     ]})
-    the_lab = Lab(tmp_path_factory.mktemp("xlab"), progress=lambda m: sys.stderr.write(f"[xlab] {m}\n"))
+    the_lab = Lab(tmp_path_factory.mktemp("xlab"), progress=lambda m: print(f"[xlab] {m}", file=sys.stderr))
     try:
         the_lab.up(spec)
         for host in HOSTS:
@@ -250,6 +257,70 @@ def test_rolling_restart_under_load_with_the_balancer_hooks_loses_no_request(
     assert len(outcomes) > 20
     lost = [o for o in outcomes if not o.ok]
     assert lost == [], lost[:5]
+
+
+def test_the_exported_balancer_role_and_cycle_drive_haproxy_through_a_rolling_restart_without_a_lost_request(
+        lab: Lab, xlab: Lab, inv: Path, secret_values: dict[str, str], tmp_path: Path) -> None:
+    """The export with a `vllm_balancers` group (the session lab's lb-1 in front of x1-x3; lab hosts share this
+    machine's network): site.yml installs, enables and starts HAProxy with every instance UP and leaves the
+    instances alone; rolling-restart.yml then drains each server on HAProxy's admin socket before its instance
+    stops and sets it ready once it verified, under a load sent only to lb-1's frontend, and no request fails.
+    HAProxy's own socket and journal are the judges, not the play's output."""
+    session = lab.require_state()
+    (spec,) = [BalancerSpec(b.name, b.address) for b in session.balancers if b.name == BALANCER]
+    data = yaml.safe_load(inv.read_text())
+    data["all"]["children"][BALANCER_GROUP] = balancer_group([spec], Path(session.key), Path(session.known_hosts))
+    balanced = tmp_path / "balanced.yml"
+    balanced.write_text(yaml.safe_dump(data, sort_keys=False))
+    servers = {f"{host}-{unit.removeprefix('/etc/systemd/system/ernie-vllm-').removesuffix('.service')}"
+               for host, units in rendered(balanced, tmp_path / "render").items() for unit in units}
+    saved = lab.ssh(BALANCER, f"test -e {SAVED} || cp /etc/haproxy/haproxy.cfg {SAVED}")
+    assert saved.returncode == 0, saved.stderr
+    lab.ssh(BALANCER, RESET)
+    lb = LabBalancer(lab, BALANCER)
+    try:
+        out = export(balanced, tmp_path / "balanced", secret_values)
+        running = invocations(xlab)
+        done = playbook(out, "site.yml")
+        assert done.returncode == 0, done.stdout[-6000:] + done.stderr
+        stats = recap(done.stdout)
+        assert stats[BALANCER]["changed"] > 0 and stats[BALANCER]["failed"] == 0, done.stdout[-3000:]
+        assert {h: stats[h]["changed"] for h in HOSTS} == dict.fromkeys(HOSTS, 0), done.stdout[-3000:]
+        assert invocations(xlab) == running  # adding a balancer restarts no instance
+        assert (lb.unit("is-enabled"), lb.unit("is-active")) == ("enabled", "active")
+        assert wait_for(lb.all_up, UP_WITHIN), lb.stats()
+        assert set(lb.stats()) == servers, lb.stats()
+
+        load = through(lb.frontend, "ERNIE-4.5-0.3B-PT", tmp_path, workers=6, stream_tokens=300,
+                       api_key=secret_values["vllm_api_key"])
+        sampler = StateSampler(lb)
+        since = time.time()
+        load.start()
+        sampler.start()
+        try:
+            time.sleep(1.0)
+            started = time.monotonic()
+            done = playbook(out, "rolling-restart.yml")
+            took = time.monotonic() - started
+            time.sleep(1.0)
+        finally:
+            outcomes = load.finish()
+            sampler.finish()
+        lost = [o for o in outcomes if not o.ok]
+        print(f"\nrolling-restart.yml through {BALANCER}: {took:.1f} s, {len(outcomes)} requests "
+              f"({sum(o.stream for o in outcomes)} streamed), {len(lost)} failed")  # the numbers, for a run with -s
+        assert done.returncode == 0, done.stdout[-6000:] + done.stderr
+        after = invocations(xlab)
+        assert all(after[h] != running[h] for h in HOSTS)
+        events = lb.events(since)
+        for server in servers:
+            assert drained_then_ready(events.get(server, [])), (server, events.get(server))
+            assert sampler.seen(server, "DRAIN"), server
+        assert sampler.most_out_at_once() == 1  # serial 1, one instance at a time
+        assert len(outcomes) > 20 and lost == [], (len(outcomes), lost[:5])
+        assert wait_for(lb.all_up, UP_WITHIN), lb.stats()
+    finally:
+        lab.ssh(BALANCER, RESET)
 
 
 def test_a_startup_fault_stops_the_play_after_its_batch_with_that_host_restored(
