@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ernie_deploy.planning.hostpaths import RELEASES_DIR
-from ernie_deploy.remote import http
+from ernie_deploy.remote import bench, http
 from ernie_deploy.remote.balancer import ANSWER, ApplyBalancer, BalancerAdmin
 from ernie_deploy.remote.command import Command, Op
 from ernie_deploy.remote.converge import Activate, ReadFiles, Stage
@@ -35,6 +35,8 @@ from ernie_deploy.remote.ssh import Failure, RemoteError, RunResult, Target
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = (ROOT / "ernie_deploy/data/models/ERNIE-4.5-0.3B-PT/config.json").read_text()
+# A real `vllm bench serve` result (tests/fixtures/bench/README.md): what a bench that finished saves.
+BENCH_RESULT = (ROOT / "tests/fixtures/bench/vllm-0.32.0-random.json").read_text()
 LOGS = {1: "healthy-0.11.0-tp1.log", 2: "healthy-0.34.0-tp2.log", 4: "healthy-0.34.0-tp4.log"}
 MARK = "@@ernie-deploy:"
 
@@ -205,6 +207,12 @@ class FakeHost:
     log: list[str] = field(default_factory=list)  # what happened, in order: "stop U", "start U", "undo ..."
     received: list[Command] = field(default_factory=list)  # every command sent to it, in order
     balancer: FakeBalancer | None = None  # HAProxy, on a balancer host
+    # How `vllm bench serve` ends per unit: "ok" (the default: the real result file), "timeout" (stopped at its
+    # bound after 9 requests), "fail" (exits 1 with vLLM's error, no result), or a JSON text saved as the result.
+    bench_ends: dict[str, str] = field(default_factory=dict)
+    # The same per deployed settings (calibrate's candidates): the first entry whose text the unit file contains
+    # (each part of "A && B") decides, before bench_ends.
+    bench_when: dict[str, str] = field(default_factory=dict)
 
     def facts_text(self) -> str:
         gpus = "\n".join(f"{i}, NVIDIA A10, GPU-{i:08d}-0000-0000-0000-000000000000, 23028, 550.127.05"
@@ -353,6 +361,36 @@ class FakeHost:
                     for k in range(0, 1 + len(self.unit(u).gpus))]
         return "\n".join(out) + "\n"
 
+    def bench_run(self, intent: bench.Bench) -> str:
+        """What the host program prints: /health (refused for a unit not running), the counters, the exit, the
+        result."""
+        def event(kind: str, **data: object) -> str:
+            return bench.MARK + json.dumps({"event": kind, **data}) + "\n"
+
+        if intent.unit not in self.active:
+            return event("health", status=None, error="[Errno 111] Connection refused")
+        text = self.files.get(f"/etc/systemd/system/{intent.unit}", "")
+        how = next((end for when, end in self.bench_when.items() if all(p in text for p in when.split(" && "))),
+                   self.bench_ends.get(intent.unit, "ok"))
+        labels = f'engine="0",model_name="{intent.served}"'
+        count = {"timeout": 9}.get(how, 20)
+        before = f'vllm:request_success_total{{{labels},finished_reason="length"}} 100.0\n' \
+                 f"vllm:generation_tokens_total{{{labels}}} 1000.0"
+        after = f'vllm:request_success_total{{{labels},finished_reason="length"}} {100 + count}.0\n' \
+                f"vllm:generation_tokens_total{{{labels}}} {1000 + 512 * count}.0"
+        out = event("health", status=200, error=None) + event("metrics", when="before", text=before)
+        if how == "timeout":
+            return out + event("exit", code=-2, timed_out=True, seconds=intent.timeout, tail=["nanobind: leaked"]) \
+                + event("metrics", when="after", text=after)
+        if how == "fail":
+            tail = ["ValueError: Initial test run failed - Please make sure benchmark arguments are correctly "
+                    "specified. Error: Not Found", "nanobind: leaked 4 instances!"]
+            return out + event("exit", code=1, timed_out=False, seconds=3.0, tail=tail) \
+                + event("metrics", when="after", text=after)
+        text = BENCH_RESULT if how == "ok" else how
+        return out + event("exit", code=0, timed_out=False, seconds=12.0, tail=[]) \
+            + event("metrics", when="after", text=after) + event("result", text=text)
+
     def answer(self, r: http.Request) -> dict[str, object]:
         url = r.url
         port = int(url.split(":")[2].split("/")[0])
@@ -446,6 +484,8 @@ class FakeSession:
                 return h.balancer.apply(apply, cmd.stdin.decode())
             case BalancerAdmin() if h.balancer is not None:
                 return h.balancer.admin(json.loads(cmd.stdin))
+            case bench.Bench() as run:
+                return h.bench_run(run)
         return None
 
     def close(self) -> None:

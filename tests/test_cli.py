@@ -144,10 +144,10 @@ def test_verify_json_has_its_own_schema(capsys: pytest.CaptureFixture[str]) -> N
     show_verify([HostResult("h", checks=[CheckResult("systemd", "pass", "up", instance="vllm-0")])], 0, json=True,
                 verbose=0)
     data = json.loads(capsys.readouterr().out)
-    assert data["schema"] == "ernie-deploy/verify/v1" and data["hosts"][0]["checks"][0]["name"] == "systemd"
+    assert data["schema"] == "ernie-deploy/verify/v2" and data["hosts"][0]["checks"][0]["name"] == "systemd"
     with pytest.raises(SystemExit):
         main(["verify", "--help"])
-    assert "deploy/verify/v1" in capsys.readouterr().out  # argparse may wrap after "ernie-"
+    assert "deploy/verify/v2" in capsys.readouterr().out  # argparse may wrap after "ernie-"
 
 
 def test_host_level_checks_print_under_their_host_not_none(capsys: pytest.CaptureFixture[str]) -> None:

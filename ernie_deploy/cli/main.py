@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from ernie_deploy.planning.plan import PlanContext
     from ernie_deploy.planning.plantypes import HostPlan
     from ernie_deploy.planning.render import RenderedFile
+from ernie_deploy.cli.bench import register as register_bench
+from ernie_deploy.cli.calibrate import register as register_calibrate
 from ernie_deploy.cli.export import register as register_export
 from ernie_deploy.cli.files import swap_in
 from ernie_deploy.cli.lab import register as register_lab
@@ -112,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     register_provision(sub, _common)
     register_run(sub, _common)
     register_status(sub, _common)
+    register_bench(sub, _common)
+    register_calibrate(sub, _common)
     register_export(sub, _common)
     register_lab(sub)
     return parser

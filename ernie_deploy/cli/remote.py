@@ -217,7 +217,10 @@ def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
                        description="Without restarting anything, check every instance: systemd state, its start-up "
                                    "log (the tensor parallel size vLLM really uses, context length, KV capacity, "
                                    "no fatal errors), /health, /v1/models, one small completion, and GPU balance. "
-                                   "Exit codes: 0 all checks pass, 2 a check failed, 4 a host unreachable.")
+                                   "With --bench, each instance whose checks pass is then load-tested with vLLM's "
+                                   "`vllm bench serve` and judged against its SLOs. "
+                                   "Exit codes: 0 all checks pass, 2 a check failed (an SLO missed, with --bench), "
+                                   "4 a host unreachable.")
     common(p)
     ssh_options(p)
     p.add_argument("--json", action="store_true", help=f"machine-readable results (schema {VERIFY_SCHEMA})")
@@ -225,6 +228,12 @@ def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
     p.add_argument("--playbook", type=Path, metavar="FILE",
                    help="a playbook whose verify tasks add checks: expect/forbid log patterns, a streamed smoke "
                         "test (playbooks/verify.yml)")
+    p.add_argument("--bench", action="store_true",
+                   help="after an instance's checks pass, bench it (`vllm bench serve` on its host, the inventory's "
+                        "vllm_bench_* workload, one instance at a time; docs/bench.md): the bench and each SLO "
+                        "(vllm_slo_*) become checks, and the JSON carries each bench's numbers. Without SLOs set "
+                        "it still benches and reports the numbers, judging nothing. Raw results are saved under "
+                        "$XDG_STATE_HOME/ernie-deploy/bench (else ~/.local/state/ernie-deploy/bench)")
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("facts", help="what each host really has: GPUs, NVLink, systemd, units, model, vLLM",
@@ -273,14 +282,15 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     hosts, chosen_balancers = split_hosts(chosen)
     command = "ernie-deploy deploy" + (" --check" if args.check else "")
     exp = playbook_checks(args.playbook)
+    gate = rollout.slo_gate(args)
     with balancers(args, inventory, ctx, apply=[h.name for h in chosen_balancers]) as lb:
         options = Options(check=args.check, diff=args.diff, prune=args.prune, forks=args.forks,
                           any_errors_fatal=args.any_errors_fatal, lock_wait=args.lock_wait,
                           health_timeout=args.health_timeout, known_hosts=tuple(args.known_hosts),
                           command=command, templates=args.templates,
-                          cycle=rollout.cycle_options(args, "deploy", lb.control, lb.plans),
+                          cycle=rollout.cycle_options(args, "deploy", lb.control, lb.plans, gate),
                           rollout=rollout.rollout_options(args, "deploy", preflight=args.serial is not None,
-                                                          balancers=lb.names),
+                                                          balancers=lb.names, gate=gate),
                           balancer_setup=lb.setup, render_balancer=render_balancer)
         runner = Runner(ctx, connector(args), options, expectations=exp)
         with console.HostProgress("deploy" + (" (check mode)" if args.check else "")) as progress:
@@ -306,13 +316,15 @@ def _restart(args: argparse.Namespace, mode: str) -> int:
     inventory, ctx, hosts = targets(args)
     command = f"ernie-deploy {mode}" + (" --check" if args.check else "")
     exp = playbook_checks(args.playbook)
+    gate = rollout.slo_gate(args)
     with balancers(args, inventory, ctx) as lb:
-        cycle = dataclasses.replace(rollout.cycle_options(args, mode, lb.control, lb.plans),
+        cycle = dataclasses.replace(rollout.cycle_options(args, mode, lb.control, lb.plans, gate),
                                     health_timeout=args.health_timeout)
         options = RestartOptions(mode=mode, instance=args.instance, to=getattr(args, "to", None), check=args.check,
                                  forks=args.forks, lock_wait=args.lock_wait, known_hosts=tuple(args.known_hosts),
                                  command=command, templates=args.templates, cycle=cycle,
-                                 rollout=rollout.rollout_options(args, mode, preflight=True, balancers=lb.names))
+                                 rollout=rollout.rollout_options(args, mode, preflight=True, balancers=lb.names,
+                                                                 gate=gate))
         restarter = Restarter(ctx, connector(args), options, expectations=exp)
         with console.HostProgress(mode + (" (check mode)" if args.check else "")) as progress:
             restarter.fleet.progress = progress.update
@@ -347,7 +359,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from ernie_deploy.output.remote import say_stopped, show_verify
     _, ctx, hosts = targets(args)
     exp = playbook_checks(args.playbook)
-    verifier = Verifier(ctx, connector(args), fleet_options(args), expectations=exp)
+    verifier = Verifier(ctx, connector(args), fleet_options(args), expectations=exp,
+                        bench={} if args.bench else None)
     with console.HostProgress("verify") as progress:
         verifier.fleet.progress = progress.update
         results = verifier.run(hosts)
@@ -355,7 +368,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     say_stopped(verifier.stopped_by)
     if args.junit:
         args.junit.write_text(to_junit({r.host: r.checks or [_unreached(r)] for r in results}))
-    show_verify(results, code, json=args.json, verbose=args.verbose)
+    show_verify(results, code, json=args.json, verbose=args.verbose,
+                benches=verifier.reports if args.bench else None)
     return code
 
 

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from ernie_deploy.orchestration.balancers import BalancerControl
+    from ernie_deploy.orchestration.bench import SloGate
     from ernie_deploy.orchestration.cycle import CycleOptions
     from ernie_deploy.orchestration.rollout import Report, RolloutOptions
     from ernie_deploy.planning.balancer import BalancerPlan
@@ -59,6 +60,11 @@ def add_options(p: argparse.ArgumentParser, *, rollback: bool = True, instance: 
                    help="continue a stopped rollout (same inventory, --limit, --instance) with its next batch: "
                         "first post-ready for instances it left out of the load balancer, and its own stale "
                         "deploy locks (this user and controller, process gone) are taken over")
+    g.add_argument("--no-slo-gate", action="store_true",
+                   help="skip the SLO gate, for an emergency: by default, when the hosts set SLOs (vllm_slo_*, "
+                        "docs/bench.md), the instances of the first batch of serving hosts (the canary) are benched "
+                        "with vllm bench serve once they pass their checks, and one that misses its SLOs fails like "
+                        "a failed start: it is rolled back and the rollout stops (--check says which batch)")
     if rollback:
         g.add_argument("--no-rollback", action="store_true",
                        help="keep a failed instance as it failed (for debugging) instead of restoring what ran before")
@@ -68,18 +74,24 @@ def add_options(p: argparse.ArgumentParser, *, rollback: bool = True, instance: 
                    help="draw the rollout as FILE.svg or FILE.html: one row per instance, its phases on a time axis")
 
 
+def slo_gate(args: argparse.Namespace) -> SloGate:
+    """The rollout's SLO gate, one object for cycle_options and rollout_options (the rollout names its batch)."""
+    from ernie_deploy.orchestration.bench import SloGate
+    return SloGate(enabled=not args.no_slo_gate)
+
+
 def cycle_options(args: argparse.Namespace, command: str, balancers: BalancerControl | None = None,
-                  plans: Sequence[BalancerPlan] = ()) -> CycleOptions:
+                  plans: Sequence[BalancerPlan] = (), gate: SloGate | None = None) -> CycleOptions:
     from ernie_deploy.orchestration.cycle import CycleOptions
     return CycleOptions(command=command, pre_drain=args.pre_drain, post_ready=args.post_ready,
                         hook_timeout=args.hook_timeout, idle_timeout=args.idle_timeout,
                         gpu_timeout=args.gpu_release_timeout, parallel_instances=args.parallel_instances,
                         rollback=not getattr(args, "no_rollback", False), balancers=balancers,
-                        balancer_plans=tuple(plans))
+                        balancer_plans=tuple(plans), slo_gate=gate)
 
 
 def rollout_options(args: argparse.Namespace, command: str, *, preflight: bool,
-                    balancers: Sequence[str] = ()) -> RolloutOptions:
+                    balancers: Sequence[str] = (), gate: SloGate | None = None) -> RolloutOptions:
     from ernie_deploy.orchestration import resume
     from ernie_deploy.orchestration.rollout import RolloutOptions, serial_of
     from ernie_deploy.planning.batches import parse_percentage
@@ -96,7 +108,7 @@ def rollout_options(args: argparse.Namespace, command: str, *, preflight: bool,
         canary=args.canary,
         max_fail_percentage=parse_percentage(args.max_fail_percentage) if args.max_fail_percentage else None,
         force=args.force, preflight=preflight, resume_key=key, resume=args.resume, command=command,
-        balancer_hosts=tuple(balancers))
+        balancer_hosts=tuple(balancers), slo_gate=gate)
 
 
 def write_timeline(args: argparse.Namespace, report: Report, title: str) -> None:

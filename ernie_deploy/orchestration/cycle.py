@@ -36,6 +36,7 @@ from ernie_deploy.checks.result import CheckInputError, CheckResult
 from ernie_deploy.errors import DeployError
 from ernie_deploy.orchestration import hooks, readiness
 from ernie_deploy.orchestration.balancers import BalancerControl, ServerStat
+from ernie_deploy.orchestration.bench import SloGate, bench_check, bench_instance
 from ernie_deploy.orchestration.fleet import Fleet, HostRun
 from ernie_deploy.orchestration.instancecheck import api_key, instance_checks, requests_for
 from ernie_deploy.orchestration.results import Status
@@ -44,6 +45,7 @@ from ernie_deploy.orchestration.timeline import Timeline
 from ernie_deploy.orchestration.transport import Transport
 from ernie_deploy.planning.balancer import DEFAULTS as BALANCER_DEFAULTS
 from ernie_deploy.planning.balancer import BalancerBackend, BalancerPlan, BalancerServer
+from ernie_deploy.planning.bench import BenchSpec, fits, spec_from_plan
 from ernie_deploy.planning.hostpaths import RELEASES_DIR, local_url
 from ernie_deploy.planning.plantypes import HostPlan, InstancePlan
 from ernie_deploy.playbook.actions import ACTIONS
@@ -85,6 +87,8 @@ class CycleOptions:
     balancer_plans: tuple[BalancerPlan, ...] = ()
     balancer_poll: float = BALANCER_POLL
     balancer_up_timeout: float | None = None  # None: up_timeout() of the fronting balancers' check interval
+    # The rollout's SLO gate (shared with RolloutOptions, which names its batch); None: no gate.
+    slo_gate: SloGate | None = None
 
 
 @dataclass
@@ -149,11 +153,14 @@ class HostCycle:
         self.change = run.result.changing()
         self.plan = work.plan
         self.started_at = 0.0  # timeline time of the last start, where the load span begins
+        self.gate: BenchSpec | None = None  # the SLO gate's spec when this host's batch is gated and has SLOs
 
     # -- the flow ------------------------------------------------------------------------------------
     def go(self) -> bool:
         """Every instance of the work, group by group; False when one failed (the result says what was undone)."""
         insts = self.work.instances
+        if not self._gate_ready():
+            return False
         groups = [insts] if self.work.whole or self.opts.parallel_instances else [[i] for i in insts]
         for k, group in enumerate(groups):
             later = [i for g in groups[k + 1:] for i in g]
@@ -596,6 +603,59 @@ class HostCycle:
                                     + "; ".join(c.summary for c in bad))
             if failed:
                 step.status = StepStatus.FAILED
+        passed = [i for i in insts if i not in failed]
+        if self.gate is not None and not rolled_back and passed:
+            failed += self._slo_gate(passed, self.gate)
+        return failed
+
+    # -- the SLO gate --------------------------------------------------------------------------------
+    def _gate_ready(self) -> bool:
+        """Whether this host's batch is the gated one and the host has SLOs (then `self.gate` is its spec), and
+        that the workload fits every instance: a bad one fails the host here, before anything stops, instead of
+        rolling back instances that serve well."""
+        gate = self.opts.slo_gate
+        if gate is None or not gate.enabled or gate.batch != self.work.batch:
+            return True
+        try:
+            spec = spec_from_plan(self.plan, gate.overrides)
+            if spec.slo.any:
+                for inst in self.work.instances:
+                    fits(spec, self.plan, inst)
+        except DeployError as exc:
+            self.result.fail(Status.FAILED, f"SLO gate: {exc.message}",
+                             (exc.hint or "fix the bench variables (docs/bench.md)")
+                             + "; or roll out without the gate: --no-slo-gate")
+            self._undo([], self.work.instances, "the SLO gate's workload was refused; nothing was stopped")
+            return False
+        self.gate = spec if spec.slo.any else None
+        return True
+
+    def _slo_gate(self, insts: list[InstancePlan], spec: BenchSpec) -> list[InstancePlan]:
+        """Bench each instance (one after another) against the host's SLOs; those that missed them, the result
+        failed as a failed check fails it (the verdicts as evidence). Skipped once the run is stopped: the
+        rollout then says the instances were not verified."""
+        gate = self.opts.slo_gate
+        assert gate is not None
+        result, failed = self.result, []
+        for inst in insts:
+            if self.fleet.abort.is_set():
+                break
+            made = bench_instance(self.fleet, self.run, self.plan, inst, spec, gate.save_dir)
+            result.checks += [bench_check(made), *(v.check(inst.unit) for v in made.verdicts)]
+            if made.ok:
+                continue
+            failed.append(inst)
+            missed = [v.summary for v in made.verdicts if not v.ok] or [made.message]
+            result.evidence += [f"SLO gate, {inst.unit}: {line}" for line in missed]
+            if made.saved:
+                result.evidence.append(f"SLO gate, {inst.unit}: vLLM's result saved as {made.saved}")
+            undone = "it was rolled back" if self.work.revertible and self.opts.rollback else \
+                "it was kept as it is (nothing to roll back to)" if not self.work.revertible else \
+                "it was kept (--no-rollback)"
+            result.fail(Status.FAILED, f"SLO gate: {inst.unit} {made.status} ({made.message}): " + "; ".join(missed),
+                        f"the canary batch must meet the SLOs before the rollout goes on, and {undone}: find the "
+                        "cause (load, TP, max_num_seqs; `ernie-deploy bench` measures it again) or adjust the "
+                        "vllm_slo_* variables; --no-slo-gate rolls out without the gate (an emergency)")
         return failed
 
     # -- undo ----------------------------------------------------------------------------------------

@@ -13,6 +13,10 @@ as `restart` does (drain, wait for no sessions, ready once it serves). A play's 
 the balancer hosts its pattern matches are worked on only by its converge and rolling (not `always`) tasks, the
 ones that change files as `deploy` does: they apply those balancers' configuration first, and one that fails
 ends the run with no vLLM host touched, as it stops `deploy`.
+
+A `bench` task benches each instance as `ernie-deploy bench` does (the hosts' vllm_bench_* workload and vllm_slo_*
+SLOs, the task's `workload:` and `slo:` over them); with `gate: false` an SLO missed is a warning, not a failure.
+Rolling and restart tasks gate their canary batch on the SLOs (`slo_gate`, default true) as deploy does.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from ernie_deploy.checks.expectations import Expectations
 from ernie_deploy.inventory.inventory import Host, Inventory
 from ernie_deploy.orchestration import audit, hooks
 from ernie_deploy.orchestration.balancers import BalancerControl, Balancers
+from ernie_deploy.orchestration.bench import OK, BenchRunner, SloGate, measured
 from ernie_deploy.orchestration.cycle import CycleOptions, unit_of
 from ernie_deploy.orchestration.deploy import Options, Runner
 from ernie_deploy.orchestration.details import ProvisionReport
@@ -45,7 +50,7 @@ from ernie_deploy.planning.plan import PlanContext
 from ernie_deploy.planning.provisioning import parse_rate
 from ernie_deploy.planning.render import environment_for_templates, templates_dir
 from ernie_deploy.playbook.actions import ACTIONS
-from ernie_deploy.playbook.schema import Play, Playbook, Task, verify_expectations
+from ernie_deploy.playbook.schema import Play, Playbook, Task, bench_overrides, verify_expectations
 from ernie_deploy.remote import lock, shelltask
 
 BAD = (Status.FAILED, Status.UNREACHABLE, Status.LOCKED)
@@ -219,10 +224,11 @@ class PlaybookRunner:
 
     def _rolling(self, play: Play, task: Task, hosts: list[Host], record: TaskRun, fleet: Fleet,
                  batches: bool = True) -> None:
+        gate = SloGate(enabled=task.flag("slo_gate"))  # one object: the rollout names the batch its cycles gate
         rollout = RolloutOptions(serial=play.serial if batches else None, canary=play.canary if batches else 0,
                                  max_fail_percentage=play.max_fail_percentage, force=task.flag("force"),
                                  preflight=True, command=self._label(task),
-                                 balancer_hosts=self.options.balancer_hosts)
+                                 balancer_hosts=self.options.balancer_hosts, slo_gate=gate)
         budget = task.number("startup_budget")
         # Hooks are told which operation this is, as docs/hooks.md lists them (the audit log gets the label).
         cycle = CycleOptions(command="restart" if task.flag("always") else "deploy", pre_drain=task.text("pre_drain"),
@@ -230,7 +236,7 @@ class PlaybookRunner:
                              idle_timeout=task.number("idle_timeout"), gpu_timeout=task.number("gpu_release_timeout"),
                              parallel_instances=task.flag("parallel_instances"), rollback=task.flag("rollback"),
                              health_timeout=budget, balancers=self.options.balancers,
-                             balancer_plans=self.options.balancer_plans)
+                             balancer_plans=self.options.balancer_plans, slo_gate=gate)
         if task.flag("always"):
             options = RestartOptions(mode="restart", instance=task.text("instance"), check=self.options.check,
                                      forks=self.options.forks, lock_wait=self.options.lock_wait,
@@ -287,6 +293,23 @@ class PlaybookRunner:
             r.status = Status.FAILED if failed else Status.OK
             r.message = (f"{len(failed)} of {len(r.checks)} GPU checks failed" if failed
                          else f"all {len(r.checks)} GPU checks passed")
+
+    def _bench(self, play: Play, task: Task, hosts: list[Host], record: TaskRun, fleet: Fleet) -> None:
+        runner = BenchRunner(self.ctx, fleet, overrides=bench_overrides(task), instance=task.text("instance"))
+        record.results = runner.run(hosts)
+        gate = task.flag("gate")
+        for r in record.results:
+            benches = runner.reports.get(r.host, [])
+            r.evidence += [f"{b.unit}: {b.status}: {measured(b)}" for b in benches]
+            r.evidence += [f"{b.unit}: raw result saved as {b.saved}" for b in benches if b.saved]
+            if gate or r.status is not Status.FAILED or not benches or fleet.abort.is_set() \
+                    or any(b.status not in (OK, "slo-failed") for b in benches):
+                continue
+            # gate: false: the bench ran everywhere; an SLO missed is reported, not failed.
+            r.checks = [dataclasses.replace(c, status="warn") if c.status == "fail" else c for c in r.checks]
+            missed = sum(b.status == "slo-failed" for b in benches)
+            r.status, r.hint = Status.OK, None
+            r.message = f"{len(benches)} instance(s) benched; {missed} missed an SLO (gate: false: reported only)"
 
     def _hook(self, play: Play, task: Task, hosts: list[Host], record: TaskRun, fleet: Fleet) -> None:
         timeout = task.number("timeout")
@@ -369,6 +392,7 @@ Handler = Callable[[PlaybookRunner, Play, Task, list[Host], TaskRun, Fleet], Non
 HANDLERS: dict[str, Handler] = {
     "provision": PlaybookRunner._provision, "plan": PlaybookRunner._plan, "converge": PlaybookRunner._converge,
     "rolling": PlaybookRunner._rolling, "restart": PlaybookRunner._restart, "wait_ready": PlaybookRunner._wait_ready,
-    "verify": PlaybookRunner._verify, "gpu_check": PlaybookRunner._gpu_check, "hook": PlaybookRunner._hook,
+    "verify": PlaybookRunner._verify, "gpu_check": PlaybookRunner._gpu_check, "bench": PlaybookRunner._bench,
+    "hook": PlaybookRunner._hook,
     "pause": PlaybookRunner._pause, "command": PlaybookRunner._command,
 }

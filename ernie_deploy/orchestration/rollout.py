@@ -12,6 +12,10 @@ failures do not stop the rest), then the others `vllm_serial` at a time (the inv
 Before any stop, every host is read for stray processes on the GPUs of the instances it will (re)start:
 such an instance would be stopped and then could not start (docs/rolling.md). With the fleet's balancers driven
 (docs/balancer.md), a balancer that cannot be driven refuses the rollout before anything changes.
+
+The SLO gate (`RolloutOptions.slo_gate`, docs/rolling.md) gates one batch: the one whose failure stops the rollout
+whatever `max_fail_percentage` says, i.e. the first batch of hosts with serving instances (the `--canary` hosts,
+else the first `serial` batch; on `--resume` the first batch left), when a host of it has SLOs (vllm_slo_*).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from ernie_deploy.checks.result import CheckResult
 from ernie_deploy.errors import DeployError
 from ernie_deploy.orchestration import hooks, resume
 from ernie_deploy.orchestration.balancers import BalancerControl
+from ernie_deploy.orchestration.bench import SloGate, slo_vars
 from ernie_deploy.orchestration.fleet import Fleet, HostRun
 from ernie_deploy.orchestration.results import HostResult, Status
 from ernie_deploy.orchestration.snapshot import release_lock
@@ -48,6 +53,7 @@ class RolloutOptions:
     resume: bool = False
     command: str = "deploy"
     balancer_hosts: tuple[str, ...] = ()  # the inventory's balancers, driven unless --no-balancer (the output says)
+    slo_gate: SloGate | None = None  # the SLO gate its cycles share (CycleOptions.slo_gate); None: no gate
 
 
 @dataclass
@@ -64,6 +70,7 @@ class Report:
     balancers: tuple[str, ...] = ()  # the inventory's balancer hosts
     driven: bool = False  # whether the rollout drives them (False with --no-balancer)
     balancer_problems: list[str] = field(default_factory=list)  # why the rollout refused to start (pre-flight)
+    gate: str = ""  # which batch the SLO gate benches, or that it is off (said before anything happens)
 
 
 S = TypeVar("S")
@@ -125,6 +132,7 @@ def drive(op: Rollout[S], hosts: Sequence[RemoteHost], opts: RolloutOptions) -> 
         by_name = {r.host.name: r for r in runs}
         if state is None:
             _form(op, runs, opts, serial, report)
+        _gate(runs, opts, report)
         report.rotation.saved = save
         try:
             _batches(op, runs, by_name, opts, report)
@@ -151,8 +159,7 @@ def _batches(op: Rollout[S], runs: list[HostRun[S]], by_name: dict[str, HostRun[
                 run.result.changing().batch = k + 1
                 checked = "; re-checked: serving" if opts.preflight and not opts.force else ""
                 run.result.message = f"done in batch {k + 1} of the stopped rollout{checked}"
-    first = next((k for k in range(len(report.batches)) if k not in report.done and not (k == 0 and report.quiet)),
-                 None)
+    first = _first(report)
     for k, batch in enumerate(report.batches):
         if k in report.done:
             continue
@@ -187,6 +194,39 @@ def _batches(op: Rollout[S], runs: list[HostRun[S]], by_name: dict[str, HostRun[
         if report.stopped:
             report.timeline.mark("stop", report.stopped)
         _keep(opts, report)
+
+
+def _first(report: Report) -> int | None:
+    """The batch whose failure stops the rollout whatever max_fail_percentage says (0-based): the first one left
+    that is not the hosts with nothing running."""
+    return next((k for k in range(len(report.batches)) if k not in report.done and not (k == 0 and report.quiet)),
+                None)
+
+
+def _gate(runs: list[HostRun[S]], opts: RolloutOptions, report: Report) -> None:
+    """Name the SLO gate's batch (that batch's first one, `_first`) when a host of it has SLOs, and say so: in the
+    report and in each gated host's result (check mode too). Off (--no-slo-gate): say which hosts go unbenched."""
+    gate = opts.slo_gate
+    k = _first(report)
+    if gate is None or k is None:
+        return
+    gate.batch = None
+    by_name = {r.host.name: r for r in runs}
+    gated = {name: slo_vars(by_name[name].host.vars) for name in report.batches[k] if name in by_name}
+    gated = {name: found for name, found in gated.items() if found and not by_name[name].result.finished}
+    if not gated:
+        return
+    hosts = ", ".join(gated)
+    if not gate.enabled:
+        report.gate = f"SLO gate off: batch {k + 1} ({hosts}) has SLOs and is not benched"
+        return
+    gate.batch = k + 1
+    report.gate = (f"SLO gate: batch {k + 1} ({hosts}) is benched after its checks (vllm bench serve); an instance "
+                   "that misses its SLOs fails like a failed start (rolled back) and the rollout stops")
+    for name, found in gated.items():
+        limits = ", ".join(f"{var} {value}" for var, value in found.items())
+        by_name[name].result.evidence.append(f"SLO gate (batch {k + 1}): each (re)started instance is benched after "
+                                             f"its checks against {limits}")
 
 
 def serial_of(text: str, where: str) -> list[SerialItem]:

@@ -4,20 +4,29 @@ Per host two commands: the facts (read-only snapshot), then one probe of all its
 invocation's journal, nvidia-smi, the process tree, and the HTTP answers the host itself got); then the
 pure checks. Under `--check` (a playbook's check mode starts nothing) it probes nothing and says, per instance,
 what it would check: judging services check mode never started would fail every fresh host.
+
+With `bench` (`verify --bench`), each instance whose checks passed is then benched with vLLM's `vllm bench serve`
+(the host's inventory workload, one instance after another, orchestration/bench.py): the bench is a check, and so
+is each SLO verdict; without SLOs the numbers are reported and nothing is judged. An instance whose checks failed
+is not benched (its numbers would say nothing the failed check does not).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 from ernie_deploy.checks.expectations import Expectations
 from ernie_deploy.checks.result import CheckResult
+from ernie_deploy.orchestration.bench import InstanceBench, bench_check, bench_instance
 from ernie_deploy.orchestration.fleet import Fleet, FleetOptions, HostRun
 from ernie_deploy.orchestration.instancecheck import api_key, instance_checks, requests_for
 from ernie_deploy.orchestration.results import HostResult, Status
 from ernie_deploy.orchestration.snapshot import Snapshot, SnapshotOptions, take
 from ernie_deploy.orchestration.steps import StepStatus
 from ernie_deploy.orchestration.transport import Connector, Progress, RemoteHost
+from ernie_deploy.planning.bench import BenchSpec, spec_from_plan
 from ernie_deploy.planning.findings import Severity
 from ernie_deploy.planning.hostpaths import local_url
 from ernie_deploy.planning.plan import PlanContext
@@ -50,8 +59,10 @@ def drift_checks(snap: Snapshot) -> list[CheckResult]:
 KINDS = ("systemd", "startup_log", "http", "gpus", "drift")
 
 
-def would_check(plan: HostPlan, exp: Expectations, kinds: Sequence[str] = KINDS) -> list[str]:
-    """What verify would judge on this host, one line per instance and family, said without asking the host."""
+def would_check(plan: HostPlan, exp: Expectations, kinds: Sequence[str] = KINDS,
+                bench: BenchSpec | None = None) -> list[str]:
+    """What verify would judge on this host, one line per instance and family (and the bench, with `bench`), said
+    without asking the host."""
     out = []
     for inst in plan.instances:
         said = {
@@ -68,6 +79,10 @@ def would_check(plan: HostPlan, exp: Expectations, kinds: Sequence[str] = KINDS)
                     "utilisation balanced",
         }
         out += [f"{inst.unit}: {said[k]}" for k in kinds if k in said]
+        if bench is not None:
+            slos = [v.replace("_", " ") for v, limit in bench.slo.to_json().items() if limit is not None]
+            out.append(f"{inst.unit}: bench: vllm bench serve, {bench.workload.num_prompts} requests, once its checks "
+                       "pass; " + (f"SLOs: {', '.join(slos)}" if slos else "no SLOs set: numbers only"))
     if "drift" in kinds:
         out.append("host: no unit outside the plan on its GPUs, no drop-in overriding a managed unit")
     return out
@@ -76,10 +91,15 @@ def would_check(plan: HostPlan, exp: Expectations, kinds: Sequence[str] = KINDS)
 class Verifier:
     def __init__(self, ctx: PlanContext, connector: Connector, options: FleetOptions,
                  progress: Progress | None = None, expectations: Expectations | None = None,
-                 fleet: Fleet | None = None, check: bool = False, kinds: Sequence[str] = KINDS) -> None:
+                 fleet: Fleet | None = None, check: bool = False, kinds: Sequence[str] = KINDS,
+                 bench: Mapping[str, Any] | None = None, save_dir: Path | None = None) -> None:
         """`fleet`: run on this one (a playbook's task) instead of a new one. `check`: say what it would check
-        (of `kinds`) instead of probing."""
+        (of `kinds`) instead of probing. `bench`: bench each instance whose checks passed, with these workload
+        overrides (settings.BENCH_TYPES names; empty: the inventory's); its raw results go to `save_dir`."""
         self.ctx, self.check, self.kinds = ctx, check, kinds
+        self.bench = None if bench is None else dict(bench)
+        self.save_dir = save_dir
+        self.reports: dict[str, list[InstanceBench]] = {}  # with `bench`: host → its instances' benches
         self.fleet = fleet or Fleet(connector, options, progress)
         self.templates = environment_for_templates(templates_dir())
         self.expectations = expectations or Expectations()
@@ -104,7 +124,8 @@ class Verifier:
         if self.check:
             with self.fleet.step(run, "checks") as step:
                 step.status = StepStatus.WOULD_CHECK
-                result.evidence = would_check(plan, self.expectations, self.kinds)
+                spec = None if self.bench is None else spec_from_plan(plan, self.bench)
+                result.evidence = would_check(plan, self.expectations, self.kinds, spec)
             result.message = (f"check mode: would run {len(result.evidence)} group(s) of checks on "
                               f"{len(plan.instances)} instance(s)")
             return
@@ -118,10 +139,27 @@ class Verifier:
             for inst in plan.instances:
                 result.checks += instance_checks(plan, inst, seen, self.expectations)
             result.checks += drift_checks(snap)
-            failed = [c for c in result.checks if c.status == "fail"]
-            warned = [c for c in result.checks if c.status == "warn"]
-            step.status = StepStatus.FAILED if failed else StepStatus.OK
+            step.status = StepStatus.FAILED if any(c.status == "fail" for c in result.checks) else StepStatus.OK
+        if self.bench is not None:
+            self._bench(run, plan)
+        failed = [c for c in result.checks if c.status == "fail"]
+        warned = [c for c in result.checks if c.status == "warn"]
         result.status = Status.FAILED if failed else Status.OK
         warnings = f", {len(warned)} warning(s)" if warned else ""
         result.message = (f"{len(failed)} of {len(result.checks)} checks failed" if failed else
                           f"all {len(result.checks)} checks passed{warnings}")
+
+    def _bench(self, run: HostRun[None], plan: HostPlan) -> None:
+        """Bench each instance whose checks passed, one after another; the bench and its verdicts become checks."""
+        result = run.result
+        spec = spec_from_plan(plan, self.bench)
+        benches = self.reports.setdefault(plan.name, [])
+        for inst in plan.instances:
+            if self.fleet.abort.is_set():
+                break
+            if any(c.status == "fail" and c.instance == inst.unit for c in result.checks):
+                result.evidence.append(f"{inst.unit}: not benched: its checks failed")
+                continue
+            made = bench_instance(self.fleet, run, plan, inst, spec, self.save_dir)
+            benches.append(made)
+            result.checks += [bench_check(made), *(v.check(inst.unit) for v in made.verdicts)]

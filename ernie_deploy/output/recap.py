@@ -134,6 +134,8 @@ def show_rollout(report: Report, results: Sequence[HostResult], verbose: int = 0
                           markup=False)
     if report.how:
         console.out.print(f"rollout: {report.how}", markup=False)
+    if report.gate:
+        console.out.print(report.gate, markup=False)
     out = [f"{host} {unit}" for host, units in report.rotation.snapshot().items() for unit in units]
     if out:
         console.out.print("out of the load balancer (taken out before its restart, not put back): " + ", ".join(out)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 from collections.abc import Mapping, Sequence
 
+from ernie_deploy.orchestration.bench import InstanceBench
 from ernie_deploy.orchestration.results import HostResult
 from ernie_deploy.orchestration.rollout import Report
 from ernie_deploy.output import console
@@ -52,9 +53,15 @@ def show_outcome(command: str, results: list[HostResult], code: int, report: Rep
         show_recap(results)
 
 
-def show_verify(results: list[HostResult], code: int, *, json: bool, verbose: int) -> None:
+def show_verify(results: list[HostResult], code: int, *, json: bool, verbose: int,
+                benches: Mapping[str, Sequence[InstanceBench]] | None = None) -> None:
+    """verify's checks (with --bench, `benches`: host → its instances' benches, whose verdicts are checks too)."""
     if json:
-        console.print_json(results_document("verify", results, code, schema=VERIFY_SCHEMA))
+        doc = results_document("verify", results, code, schema=VERIFY_SCHEMA)
+        for host in doc["hosts"]:
+            # v2: each host's "bench" (null without --bench): per benched instance, as `bench --json` has it.
+            host["bench"] = None if benches is None else [b.to_json() for b in benches.get(host["host"], ())]
+        console.print_json(doc)
     else:
         show_checks(results, verbose=verbose)
         show_recap(results)

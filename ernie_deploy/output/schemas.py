@@ -2,7 +2,8 @@
 renderers. (The rollout state file's own format name lives with that file, orchestration/resume.py.)"""
 
 RESULTS_SCHEMA = "ernie-deploy/deploy/v5"  # deploy, restart, rollback
-VERIFY_SCHEMA = "ernie-deploy/verify/v1"  # verify: the same host results; its checks are what it is read for
+# verify: the same host results; its checks are what it is read for. v2: each host's "bench" (--bench)
+VERIFY_SCHEMA = "ernie-deploy/verify/v2"
 PLAN_SCHEMA = "ernie-deploy/plan/v2"  # plan, explain; v2: the balancers (docs/balancer.md)
 RENDER_SCHEMA = "ernie-deploy/render/v1"
 EXPORT_SCHEMA = "ernie-deploy/export/v1"
@@ -12,3 +13,5 @@ RELEASES_SCHEMA = "ernie-deploy/releases/v2"  # v2: each release's "failed" reco
 FACTS_SCHEMA = "ernie-deploy/facts/v3"
 RUN_SCHEMA = "ernie-deploy/run/v1"
 STATUS_SCHEMA = "ernie-deploy/status/v3"  # v2: the vLLM the processes run, and the installed one; v3: balancers
+BENCH_SCHEMA = "ernie-deploy/bench/v1"  # per instance: workload, results, SLO verdicts, vLLM's raw result
+CALIBRATE_SCHEMA = "ernie-deploy/calibrate/v1"  # per canary: candidates, measurements, winner, restore

@@ -129,6 +129,29 @@ BALANCER_TYPES: dict[str, SettingType] = {
     "balancer_check_interval": SettingType((int, float), bounds=Bounds(0.1, 3600, fix="to seconds, e.g. 2")),
     "balancer_template": SettingType(str, hint="give the path of a Jinja2 file on this machine"),
 }
+# `ernie-deploy bench`'s workload and SLOs (planning/bench.py, docs/bench.md): on a vLLM host or its groups, shown
+# by `explain`; they change nothing a unit runs. Lengths are tokens, latencies milliseconds (vllm bench serve's
+# unit), throughputs per second.
+BENCH_TYPES: dict[str, SettingType] = {
+    "bench_input_len": SettingType(int, bounds=Bounds(1, fix="to the prompt length in tokens, e.g. 128")),
+    "bench_output_len": SettingType(int, bounds=Bounds(1, fix="to the tokens each request generates, e.g. 128")),
+    "bench_num_prompts": SettingType(int, bounds=Bounds(1, 100000, fix="to the requests one bench sends, e.g. 50")),
+    "bench_request_rate": SettingType((int, float), bounds=Bounds(0, low_open=True,
+                                                                  fix="to requests per second, e.g. 4, or remove "
+                                                                      "it to send them all at once")),
+    "bench_max_concurrency": SettingType(int, bounds=Bounds(1, fix="to the requests in flight at most, e.g. 8")),
+    "bench_timeout": SettingType((int, float), bounds=Bounds(0, 86400, low_open=True,
+                                                             fix="to the seconds one bench may run, e.g. 300")),
+    "bench_seed": SettingType(int, bounds=Bounds(0, 2**32 - 1, fix="to a whole number, e.g. 0")),
+    "slo_ttft_p99_ms": SettingType((int, float), bounds=Bounds(0, low_open=True,
+                                                               fix="to milliseconds, e.g. 3500")),
+    "slo_tpot_p99_ms": SettingType((int, float), bounds=Bounds(0, low_open=True, fix="to milliseconds, e.g. 100")),
+    "slo_itl_p99_ms": SettingType((int, float), bounds=Bounds(0, low_open=True, fix="to milliseconds, e.g. 200")),
+    "slo_min_output_throughput": SettingType((int, float), bounds=Bounds(0, low_open=True,
+                                                                         fix="to output tokens per second, e.g. 100")),
+    "slo_min_goodput": SettingType((int, float), bounds=Bounds(0, low_open=True,
+                                                               fix="to requests per second, e.g. 1")),
+}
 # Secrets whose inventory name does not follow the vllm_ prefix.
 SECRET_VARS = {"hf_token": "hf_token"}
 DEFAULTS: dict[str, Any] = {
@@ -221,7 +244,7 @@ def inventory_settings(host_vars: Mapping[str, Any], where: str) -> dict[str, An
     values of the wrong type or out of range."""
     found: dict[str, Any] = {}
     problems: list[InventoryError] = []
-    known = [f"vllm_{n}" for n in (*SETTING_TYPES, *BALANCER_TYPES)]
+    known = [f"vllm_{n}" for n in (*SETTING_TYPES, *BALANCER_TYPES, *BENCH_TYPES)]
     for var, value in host_vars.items():
         if not var.startswith("vllm_"):
             close = difflib.get_close_matches(var, [v for v in REQUIRED_VARS if v not in host_vars], n=1, cutoff=0.8)
@@ -231,6 +254,12 @@ def inventory_settings(host_vars: Mapping[str, Any], where: str) -> dict[str, An
             continue
         name = var.removeprefix("vllm_")
         if name in BALANCER_TYPES:
+            continue
+        if name in BENCH_TYPES:
+            try:
+                found[name] = check_type(name, value, where, BENCH_TYPES)
+            except InventoryError as exc:
+                problems.append(exc)
             continue
         if name not in SETTING_TYPES:
             close = difflib.get_close_matches(var, known, n=1)

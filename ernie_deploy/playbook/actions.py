@@ -41,7 +41,11 @@ _ROLL = {
     "parallel_instances": Arg(bool, "restart a host's instances at once instead of one at a time", False),
     "rollback": Arg(bool, "restore what ran before on a failed instance", True),
     "force": Arg(bool, "start although instances in scope are already down", False),
+    "slo_gate": Arg(bool, "bench the canary batch against the hosts' SLOs (vllm_slo_*) after its checks; a miss fails "
+                          "it like a failed start", True),
 }
+# A bench task's `workload:` and `slo:` keys: the vllm_bench_* and vllm_slo_* variables without their prefix.
+BENCH_PARTS = {"workload": "bench_", "slo": "slo_"}
 
 # In the order the docs list them (docs/playbooks.md says what each does).
 ACTIONS: dict[str, Action] = {
@@ -58,6 +62,13 @@ ACTIONS: dict[str, Action] = {
                       "forbid": Arg(STRINGS, "log patterns that must not appear", ()),
                       "stream": Arg(bool, "ask for the smoke completion as a stream", False)}),
     "gpu_check": Action(),
+    "bench": Action({"workload": Arg(dict, "workload overrides: input_len, output_len, num_prompts, request_rate, "
+                                           "max_concurrency, timeout, seed", {}),
+                     "slo": Arg(dict, "SLO overrides: ttft_p99_ms, tpot_p99_ms, itl_p99_ms, min_output_throughput, "
+                                      "min_goodput", {}),
+                     "gate": Arg(bool, "an SLO missed fails the task (false: the verdicts are warnings)", True),
+                     "instance": Arg((int, str), "only this instance of each host: its index or unit name")},
+                    runs_in_check=False),
     "hook": Action({"run": Arg(str, "the command, run with /bin/sh -c on the controller", required=True),
                     "timeout": Arg(NUMBER, "seconds before it is killed", 60.0),
                     "once": Arg(bool, "run once for the play instead of once per host", False)},

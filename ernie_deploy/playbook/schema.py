@@ -16,7 +16,8 @@ from typing import Any
 from ernie_deploy.checks.expectations import Expectations
 from ernie_deploy.errors import ConfigError, DeployError
 from ernie_deploy.planning.batches import SerialItem, parse_percentage, parse_serial
-from ernie_deploy.playbook.actions import ACTIONS, NUMBER, STRINGS
+from ernie_deploy.planning.settings import BENCH_TYPES, check_type
+from ernie_deploy.playbook.actions import ACTIONS, BENCH_PARTS, NUMBER, STRINGS
 from ernie_deploy.playbook.yamlmarks import Marked, load
 
 TASK_KEYS = {"name", "tags"}
@@ -193,6 +194,25 @@ def _play(doc: Marked, key: str, item: Any, valid_pattern: Callable[[str], str |
                 _expect(doc, f"{key}.canary", item.get("canary", 0), int), tasks, doc.where(key))
 
 
+def bench_overrides(task: Task) -> dict[str, Any]:
+    """A bench task's `workload:` and `slo:` as bench settings (settings.BENCH_TYPES names)."""
+    return {prefix + name: value for part, prefix in BENCH_PARTS.items()
+            for name, value in (task.arg(part) or {}).items()}
+
+
+def _bench_part(doc: Marked, key: str, values: Mapping[Any, Any], prefix: str) -> None:
+    """A bench task's `workload:` or `slo:` keys and values, checked as the inventory's vllm_bench_* / vllm_slo_*
+    variables are, each problem at its FILE:LINE."""
+    valid = [name.removeprefix(prefix) for name in BENCH_TYPES if name.startswith(prefix)]
+    for name, value in values.items():
+        if name not in valid:
+            raise _unknown(doc, key, str(name), valid, key.rsplit(".", 1)[-1] + " key")
+        try:
+            check_type(prefix + name, value, doc.where(f"{key}.{name}"), BENCH_TYPES)
+        except DeployError as exc:
+            raise doc.error(f"{key}.{name}", exc.message, hint=exc.hint) from None
+
+
 def _parsed(doc: Marked, key: str, parse: Callable[[], Any]) -> Any:
     try:
         return parse()
@@ -243,6 +263,9 @@ def _task(doc: Marked, key: str, item: Any, play_tags: frozenset[str]) -> Task:
                 problem = check_pattern(kind, pattern)
                 if problem is not None:
                     raise doc.error(f"{key}.verify.{kind}[{i}]", problem.message, hint=problem.hint)
+    if action == "bench":
+        for part, prefix in BENCH_PARTS.items():
+            _bench_part(doc, f"{key}.bench.{part}", checked.get(part, {}), prefix)
     if action == "pause" and len(checked) != 1:
         raise doc.error(f"{key}.pause", "pause takes exactly one of `seconds:` or `prompt:`")
     name = _expect(doc, f"{key}.name", item.get("name", action), str)

@@ -45,6 +45,7 @@ class Op(Enum):
     LOGS = "read journal"
     BALANCER_APPLY = "apply balancer config"
     BALANCER_ADMIN = "balancer runtime API"
+    BENCH = "vllm bench serve"
     SCRIPT = "script"  # an ad-hoc script (tests, the lab): no orchestration flow sends one
 
 

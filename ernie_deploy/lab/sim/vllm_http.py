@@ -1,7 +1,9 @@
 """HTTP side of the simulated vLLM: the OpenAI-compatible routes, /health, /metrics and friends.
 
-A deterministic toy generator stands in for the model: the same prompt always yields the same text,
-with a realistic time to first token (20–80 ms) and per-token delay (5–10 ms).
+A deterministic toy generator stands in for the model: the same prompt always yields the same text, at the
+speed of the latency model (vllm_latency.py: TP, the batch running at once and the input length set the time to
+first token and the time per output token). The engine-side /metrics (TTFT, inter-token latency, prefill and
+decode times) observe the times the requests really took, so they agree with what a client measures.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, NoReturn
 
+from .vllm_latency import LatencyModel
 from .vllm_metrics import Histogram, MetricsStore, render
 from .vllm_versions import Profile
 
@@ -103,7 +106,7 @@ class ServerState:
     on_stream_error: Callable[[bool], None] | None = None
     # Called after a request was refused because the engine is shutting down (0.32: uvicorn's ASGI traceback).
     on_drain_reject: Callable[[], None] | None = None
-    token_seconds: float | None = None  # faults.json `token_seconds`: time per generated token
+    latency: LatencyModel = field(default_factory=LatencyModel)  # TP, faults' latency_scale / token_seconds
     draining: bool = False  # the engine is stopping (0.32): new generation requests fail with 500
     stalled: bool = False  # the engine went and its requests were never finished (0.32's race, `shutdown_stall`)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -148,14 +151,12 @@ class Generation:
     prompt_tokens: int
     tokens: list[str]
     finish_reason: str
-    ttft: float
-    per_token: float
+    key: str  # the request's jitter key in the latency model (its prompt's hash)
 
 
-def plan_generation(prompt_text: str, prompt_tokens: int, max_tokens: int | None, ignore_eos: bool,
-                    token_seconds: float | None = None) -> Generation:
-    """Deterministic output: the prompt's hash picks words, a natural length, and the timings (`token_seconds`,
-    the faults.json knob, sets the time per token)."""
+def plan_generation(prompt_text: str, prompt_tokens: int, max_tokens: int | None, ignore_eos: bool) -> Generation:
+    """Deterministic output: the prompt's hash picks words and a natural length (the timings come from the
+    latency model once the request is admitted, as they depend on the load)."""
     seed = _seed(prompt_text)
     natural = 24 + seed % 40
     limit = max_tokens if max_tokens is not None else natural
@@ -163,9 +164,7 @@ def plan_generation(prompt_text: str, prompt_tokens: int, max_tokens: int | None
     words = [_WORDS[_seed(f"{seed}:{i}") % len(_WORDS)] for i in range(count)]
     tokens = [(" " if i else "") + w for i, w in enumerate(words)]
     finish = "length" if count == limit and (ignore_eos or limit <= natural) else "stop"
-    ttft = 0.02 + (seed >> 8) % 61 / 1000
-    per_token = token_seconds if token_seconds is not None else 0.005 + (seed >> 16) % 6 / 1000
-    return Generation(prompt_tokens, tokens, finish, ttft, per_token)
+    return Generation(prompt_tokens, tokens, finish, f"{seed:x}")
 
 
 class EngineDied(Exception):
@@ -464,27 +463,26 @@ class Handler(BaseHTTPRequestHandler):
             prompt_tokens = count_tokens(prompt_text)
             max_tokens = body.get("max_tokens", 16)
         check_length(state, prompt_tokens, max_tokens)
-        gen = plan_generation(prompt_text, prompt_tokens, max_tokens, bool(body.get("ignore_eos")), state.token_seconds)
+        gen = plan_generation(prompt_text, prompt_tokens, max_tokens, bool(body.get("ignore_eos")))
         # 0.32 ids carry 16 hex digits (captured); the older profiles a whole uuid.
         hex_id = uuid.uuid4().hex[:16] if state.profile.forms_032 else uuid.uuid4().hex
         request_id = ("chatcmpl-" if chat else "cmpl-") + hex_id
-        with _scheduled(state, gen) as started:
+        with _scheduled(state, gen) as run:
             if body.get("stream"):
                 include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-                self._stream(chat, request_id, model, gen, started, include_usage)
+                self._stream(chat, request_id, model, gen, run, include_usage)
             else:
-                self._complete(chat, request_id, model, gen, started)
+                self._complete(chat, request_id, model, gen, run)
 
-    def _complete(self, chat: bool, rid: str, model: str, gen: Generation, started: float) -> None:
-        if self.state.wait_dead(gen.ttft):
-            self._engine_dead_reply()
-            raise EngineDied
-        _first_token(self.state, started)
-        if self.state.wait_dead(gen.per_token * max(0, len(gen.tokens) - 1)):
-            self._engine_dead_reply()
-            raise EngineDied
+    def _complete(self, chat: bool, rid: str, model: str, gen: Generation, run: _scheduled) -> None:
+        for i in range(len(gen.tokens)):
+            if self.state.wait_dead(run.delay(i)):
+                self._engine_dead_reply()
+                raise EngineDied
+            run.token_done()
         text = "".join(gen.tokens)
         _count_output(self.state, gen)
+        run.finish()
         usage = _usage(gen)
         if chat:
             choice: dict[str, Any] = {
@@ -514,7 +512,7 @@ class Handler(BaseHTTPRequestHandler):
                    "kv_transfer_params": None}
         self._json(200, obj)
 
-    def _stream(self, chat: bool, rid: str, model: str, gen: Generation, started: float, usage: bool) -> None:
+    def _stream(self, chat: bool, rid: str, model: str, gen: Generation, run: _scheduled, usage: bool) -> None:
         self.send_response(200)
         self.send_header("content-type", "text/event-stream; charset=utf-8")
         self.send_header("transfer-encoding", "chunked")
@@ -530,12 +528,10 @@ class Handler(BaseHTTPRequestHandler):
 
         if chat:
             event({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None})
-        if self.state.wait_dead(gen.ttft):
-            self._stream_engine_dead(chat)
-        _first_token(self.state, started)
         for i, token in enumerate(gen.tokens):
-            if i and self.state.wait_dead(gen.per_token):
+            if self.state.wait_dead(run.delay(i)):
                 self._stream_engine_dead(chat)
+            run.token_done()
             last = i == len(gen.tokens) - 1
             finish = gen.finish_reason if last else None
             if chat:
@@ -551,6 +547,7 @@ class Handler(BaseHTTPRequestHandler):
         if usage:
             event(None, {"usage": _usage(gen)})
         _count_output(self.state, gen)
+        run.finish()
         self._chunk(b"data: [DONE]\n\n")
         self._chunk(b"")
 
@@ -586,12 +583,6 @@ def _usage(gen: Generation) -> dict[str, Any]:
             "completion_tokens": n, "prompt_tokens_details": None}
 
 
-def _first_token(state: ServerState, started: float) -> None:
-    with state.lock:
-        state.ttft.observe(time.monotonic() - started)
-        state.store.observe("vllm:time_to_first_token_seconds", time.monotonic() - started)
-
-
 def _count_output(state: ServerState, gen: Generation) -> None:
     with state.lock:
         state.generation_tokens += len(gen.tokens)
@@ -599,15 +590,42 @@ def _count_output(state: ServerState, gen: Generation) -> None:
 
 
 class _scheduled:
-    """Admit a request: wait for one of --max-num-seqs slots, count it as running, update GPU load."""
+    """Admit a request: wait for one of --max-num-seqs slots, count it as running, update GPU load; then pace
+    its tokens by the latency model and observe the times they really took (the engine's histograms)."""
 
     def __init__(self, state: ServerState, gen: Generation) -> None:
         self.state = state
         self.gen = gen
-        self.started = 0.0
+        self.started = 0.0  # arrival (vLLM's TTFT and e2e count the queue)
+        self.admitted = 0.0
+        self.first_at: float | None = None
+        self.last_at = 0.0
+        self.running_at_admission = 1
+        self.finished = False
         self.tokens = gen.prompt_tokens + len(gen.tokens)
 
-    def __enter__(self) -> float:
+    def delay(self, index: int) -> float:
+        """How long output token `index` takes: the prefill for the first, one decode step for the others."""
+        s = self.state
+        if index == 0:
+            return s.latency.ttft(self.gen.prompt_tokens, self.running_at_admission, self.gen.key)
+        with s.lock:
+            running = s.running
+        return s.latency.tpot(running, self.gen.key, index)
+
+    def token_done(self) -> None:
+        now = time.monotonic()
+        with self.state.lock:
+            store = self.state.store
+            if self.first_at is None:
+                self.first_at = now
+                self.state.ttft.observe(now - self.started)
+                store.observe("vllm:time_to_first_token_seconds", now - self.started)
+            else:
+                store.observe("vllm:inter_token_latency_seconds", now - self.last_at)
+        self.last_at = now
+
+    def __enter__(self) -> _scheduled:
         s = self.state
         self.started = time.monotonic()
         with s.lock:
@@ -618,7 +636,8 @@ class _scheduled:
             s.running += 1
             s.running_tokens += self.tokens
             s.prompt_tokens += self.gen.prompt_tokens
-            running = s.running
+            running = self.running_at_admission = s.running
+            self.admitted = time.monotonic()
             prompt, store = float(self.gen.prompt_tokens), s.store
             for name in ("vllm:prompt_tokens", "vllm:prefix_cache_queries"):
                 store.inc(name, prompt)
@@ -630,11 +649,19 @@ class _scheduled:
             store.observe("vllm:request_params_max_tokens", float(len(self.gen.tokens)))
             store.observe("vllm:request_max_num_generation_tokens", float(len(self.gen.tokens)))
         s.on_load_change(running)
-        return self.started
+        return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        self.finish(exc_type is None)
+
+    def finish(self, ok: bool = True) -> None:
+        """The engine is done with the request (once): counted, its slot freed. Called before the answer's
+        last bytes go out, so a client that reads /metrics right after its answer sees the request finished."""
+        if self.finished:
+            return
+        self.finished = True
         s = self.state
-        reason = self.gen.finish_reason if exc_type is None else "abort"
+        reason = self.gen.finish_reason if ok else "abort"
         with s.lock:
             s.running -= 1
             s.running_tokens -= self.tokens
@@ -646,12 +673,13 @@ class _scheduled:
             store.inc("vllm:request_success", 1.0, (reason,))
             for name in ("vllm:e2e_request_latency_seconds", "vllm:request_inference_time_seconds"):
                 store.observe(name, elapsed)
-            store.observe("vllm:request_prefill_time_seconds", self.gen.ttft)
-            store.observe("vllm:request_decode_time_seconds", max(0.0, elapsed - self.gen.ttft))
+            first = self.first_at if self.first_at is not None else time.monotonic()
+            store.observe("vllm:request_prefill_time_seconds", first - self.admitted)
+            store.observe("vllm:request_decode_time_seconds", max(0.0, self.last_at - first))
             store.observe("vllm:request_generation_tokens", float(len(self.gen.tokens)))
-            if len(self.gen.tokens) > 1:
-                for name in ("vllm:inter_token_latency_seconds", "vllm:request_time_per_output_token_seconds"):
-                    store.observe(name, self.gen.per_token)
+            if ok and len(self.gen.tokens) > 1:
+                store.observe("vllm:request_time_per_output_token_seconds",
+                              (self.last_at - first) / (len(self.gen.tokens) - 1))
         s.seq_slots.release()
         s.on_load_change(running)
 

@@ -1,4 +1,4 @@
-"""Simulated `vllm` CLI for the rehearsal lab (`vllm --version`, `vllm serve MODEL [flags]`).
+"""Simulated `vllm` CLI for the rehearsal lab (`vllm --version`, `vllm serve MODEL [flags]`, `vllm bench serve`).
 
 Faithful to docs/vllm-facts.md for what a deployment sees: the
 flags per version, the start-up checks and their exact error texts, the log lines, the HTTP routes,
@@ -21,10 +21,11 @@ from argparse import Namespace
 from pathlib import Path
 from typing import Any
 
-from . import simstate
+from . import simstate, vllm_bench
 from .simstate import GpuProc, UsageEntry
 from .vllm_args import parse_serve_args
 from .vllm_http import ROUTES, ServerState, make_server
+from .vllm_latency import LatencyModel
 from .vllm_log import VllmLog, report_startup_error
 from .vllm_metrics import cache_info
 from .vllm_model import (
@@ -141,6 +142,7 @@ class Serve(ShutdownMixin):
         self.sock: socket.socket | None = None
         self.faults = self._faults()
         self.forced = str(self.faults.get("fail_startup", "")) or None
+        self.latency = self._latency_model()  # checked before anything starts
         self.stop = threading.Event()
         self.exit_code = 0
         self.registry_lock = threading.Lock()
@@ -649,6 +651,21 @@ class Serve(ShutdownMixin):
         # Equal across the TP group: one utilization per registry entry.
         self._publish(0 if running == 0 else min(99, 40 + 12 * running))
 
+    def _latency_model(self) -> LatencyModel:
+        """The instance's latency model: its TP, and the faults.json knobs `latency_scale` (every time multiplied)
+        and `token_seconds` (an exact time per output token), both read at start."""
+        scale, pinned = self.faults.get("latency_scale", 1.0), self.faults.get("token_seconds")
+        try:
+            if isinstance(scale, bool) or not isinstance(scale, int | float):
+                raise ValueError(f"latency_scale must be a number > 0, got {scale!r}")
+            if pinned is not None and (isinstance(pinned, bool) or not isinstance(pinned, int | float)):
+                raise ValueError(f"token_seconds must be a number >= 0, got {pinned!r}")
+            return LatencyModel(tp=self.args.tensor_parallel_size, scale=float(scale),
+                                token_seconds=None if pinned is None else float(pinned))
+        except ValueError as err:
+            # The lab writes faults.json; a bad knob is the rehearsal's mistake, named with its file.
+            raise SystemExit(f"{simstate.faults_path()}: {err}") from err
+
     def _serve(self) -> int:
         a, p, log = self.args, self.profile, self.log
         assert self.sock is not None
@@ -678,7 +695,7 @@ class Serve(ShutdownMixin):
             access_log=None if a.disable_uvicorn_access_log else log.uvicorn,
             on_stream_error=self._log_stream_error,
             on_drain_reject=self._log_drain_reject,
-            token_seconds=float(self.faults["token_seconds"]) if "token_seconds" in self.faults else None,
+            latency=self.latency,
         )
         if p.forms_032:
             digest = hashlib.sha256(f"{self.model_path}|{self.served_name}|{self.max_len}".encode()).hexdigest()
@@ -717,9 +734,11 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(float(simstate.load_faults(None).get("version_seconds", 0)))
         print(version)
         return 0
+    if argv[:2] == ["bench", "serve"]:
+        return vllm_bench.main(argv[2:])
     if argv[:1] != ["serve"]:
         sys.stderr.write("usage: vllm [-h] [-v] {chat,complete,serve,bench,collect-env,run-batch} ...\n"
-                         "vllm: error: only `vllm serve` and `vllm --version` are simulated\n")
+                         "vllm: error: only `vllm serve`, `vllm bench serve` and `vllm --version` are simulated\n")
         return 2
     args, non_default = parse_serve_args(argv[1:], profile)
     return Serve(args, non_default, profile).run()
