@@ -289,3 +289,28 @@ def test_deploy_with_the_balancer_then_a_serial_restart_through_it_loses_no_requ
     assert drained_then_ready(events.get("real-1-0", [])), events
     assert not [e for e in events.get("real-2-0", []) if "drain" in e], events
     assert wait_for(lb.all_up, 60), lb.stats()
+
+
+def test_bench_runs_real_vllm_bench_serve_from_the_provisioned_venv_and_meets_a_generous_slo(
+        capsys: pytest.CaptureFixture[str], real_lab: Lab, deployed: Path, tmp_path: Path) -> None:
+    """`bench --limit real-1` with a tiny workload: real `vllm bench serve` (the provisioned venv's, as the service
+    user, the model directory as its tokenizer, offline) against real vLLM's CPU build; every request completes,
+    the latencies are there and a generous TTFT SLO is judged and met."""
+    state = real_lab.require_state()
+    slo = write_inventory(state, tmp_path / "slo.yml", False, **{"real-1": {"vllm_slo_ttft_p99_ms": 60000}})
+    rc, doc = run(capsys, "bench", slo, "--limit", "real-1", "--num-prompts", "4", "--input-len", "32",
+                  "--output-len", "16", "--timeout", "120", "--save", str(tmp_path))
+    (inst,) = doc["by_host"]["real-1"]["instances"]
+    assert rc == 0 and inst["status"] == "ok", inst["message"]
+    # The provisioned venv's own vllm (/opt/vllm/VERSION/bin/vllm), not the simulator's.
+    assert inst["argv"][0].startswith("/opt/vllm/0.32.0") and inst["argv"][1:3] == ["bench", "serve"], inst["argv"]
+    result = inst["result"]
+    assert result["completed"] == 4 and not result["failed"] and not result["partial"], result
+    assert result["latency_ms"]["ttft"]["p99"] > 0 and result["latency_ms"]["tpot"]["p99"] > 0, result
+    assert [(v["slo"], v["ok"]) for v in inst["verdicts"]] == [("ttft_p99_ms", True), ("requests", True)]
+    assert json.loads(Path(inst["saved"]).read_text())["completed"] == 4
+    with capsys.disabled():  # the README's bench row, for a run with -s
+        ms = result["latency_ms"]
+        print(f"\n| real-1 | {ms['ttft']['p50']:.1f} / {ms['ttft']['p99']:.1f} | {ms['tpot']['p50']:.2f} / "
+              f"{ms['tpot']['p99']:.2f} | {ms['itl']['p99']:.2f} | {result['output_throughput']:.1f} | "
+              f"{result['request_throughput']:.2f} |")
