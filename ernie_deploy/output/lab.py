@@ -10,13 +10,18 @@ from typing import Any, Protocol
 from ernie_deploy.output import console
 
 
-class LabHost(Protocol):
+class LabMachine(Protocol):
+    """What every container `lab up` started reports: GPU host or balancer."""
+
     @property
     def name(self) -> str: ...
     @property
     def address(self) -> str: ...
     @property
     def pid(self) -> int | None: ...
+
+
+class LabHost(LabMachine, Protocol):
     @property
     def gpus(self) -> list[dict[str, Any]]: ...
     @property
@@ -25,13 +30,7 @@ class LabHost(Protocol):
     def gpu_count(self) -> int: ...
 
 
-class LabBalancer(Protocol):
-    @property
-    def name(self) -> str: ...
-    @property
-    def address(self) -> str: ...
-    @property
-    def pid(self) -> int | None: ...
+class LabBalancer(LabMachine, Protocol):
     @property
     def frontend(self) -> str | None: ...
 

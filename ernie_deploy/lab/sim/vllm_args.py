@@ -164,7 +164,7 @@ def parse_serve_args(argv: list[str], profile: Profile) -> tuple[argparse.Namesp
     """
     parser = build_parser(profile)
     if profile.all_flags:
-        args, unknown = parser.parse_known_args(_dashes(argv))
+        args, unknown = parser.parse_known_args(dashes(argv))
         if unknown:
             _top_level_error(f"unrecognized arguments: {' '.join(unknown)}")
     else:
@@ -179,7 +179,7 @@ def parse_serve_args(argv: list[str], profile: Profile) -> tuple[argparse.Namesp
     return args, non_default
 
 
-def _dashes(argv: list[str]) -> list[str]:
+def dashes(argv: list[str]) -> list[str]:
     """FlexibleArgumentParser takes `--max_model_len` for `--max-model-len` (utils/argparse_utils.py)."""
     out = []
     for arg in argv:

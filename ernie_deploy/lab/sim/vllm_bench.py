@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from .vllm_args import TOP_USAGE_032
+from .vllm_args import TOP_USAGE_032, dashes
 from .vllm_bench_flags import BENCH_FLAGS_032, BenchFlag
 from .vllm_bench_stats import Output, calculate, print_metric, print_summary
 
@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_bench_args(argv: list[str]) -> argparse.Namespace:
     """Real 0.32's flags; an unknown one is reported by the top-level `vllm` parser, as the real CLI does."""
-    args, unknown = build_parser().parse_known_args(_dashes(argv))
+    args, unknown = build_parser().parse_known_args(dashes(argv))
     if unknown:
         sys.stderr.write(f"{TOP_USAGE_032}vllm: error: unrecognized arguments: {' '.join(unknown)}\n")
         raise SystemExit(2)
@@ -98,17 +98,6 @@ def _not_simulated(what: str) -> None:
     sys.stderr.write(f"vllm bench serve (lab simulator): {what} is not simulated; the simulator runs the "
                      "random dataset against /v1/completions (--backend openai or vllm)\n")
     raise SystemExit(2)
-
-
-def _dashes(argv: list[str]) -> list[str]:
-    """FlexibleArgumentParser takes `--num_prompts` for `--num-prompts`."""
-    out = []
-    for arg in argv:
-        if arg.startswith("--"):
-            name, eq, value = arg.partition("=")
-            arg = name.replace("_", "-") + eq + value
-        out.append(arg)
-    return out
 
 
 @dataclass(frozen=True)
