@@ -1,6 +1,7 @@
 """The tool on real vLLM (its CPU build) in the lab: provision → deploy → verify, a rolling restart under load
 through the hooks, a TP-2 drain that runs past its timeout, a start-up real vLLM refuses that the planner
-cannot foresee, rolled back, and (last) a restart driven through the lab's HAProxy, lb-real.
+cannot foresee, rolled back, and a load test with real `vllm bench serve`. The rolling restart goes through
+the lab's HAProxy, lb-real, and the hooks at once.
 
 One lab of two real-vLLM hosts (ernie_deploy/data/lab-real-vllm.yml: real-1 serves at TP 1, real-2 at TP 2)
 is booted, provisioned and deployed once for the module; the tests run in file order on it. Real start-ups take
@@ -128,54 +129,86 @@ def test_provisioned_real_vllm_passes_every_check_with_real_tp_evidence(
     assert sorted(apps.split()) == ["VLLM::Worker_TP0", "VLLM::Worker_TP1"]
 
 
-def test_rolling_restart_under_load_through_the_hooks_loses_no_request(
+def test_rolling_restart_under_load_through_lb_real_and_the_hooks_loses_no_request(
         capsys: pytest.CaptureFixture[str], real_lab: Lab, deployed: Path, tmp_path: Path) -> None:
+    """lb-real joins the inventory: deploy configures and starts its HAProxy (the instances are unchanged, nothing
+    restarts). A rolling restart of both instances then drives lb-real (drain before each stop, ready once real
+    vLLM passed its readiness gate) and runs the hooks as well, under a light load through lb-real's frontend and
+    another through the hooks' rotation: no request fails on either. HAProxy is stopped afterwards, so its health
+    checks (a one-token completion per check) do not load the later tests' 2 cores."""
     state = real_lab.require_state()
-    rotation = tmp_path / "rotation.json"
-    rotation.write_text(json.dumps([backend(state, h) for h in PLANNED_TP]))
-    # A light load (two clients pausing between requests): on 2 cores a saturating one starves the restarting
-    # TP-2 instance's rank that shares a CPU with the serving instance (its start took 7.8 min).
-    lb = LoadBalancer(rotation, MODEL, workers=2, max_seconds=900, stream_tokens=16, tokens=8, request_timeout=180,
-                      pause=1.5)
+    balanced = write_inventory(state, tmp_path / "balanced.yml", balancers=True)
+    data = yaml.safe_load(balanced.read_text())
+    # A check every 3 s instead of the lab's 1 s: on 2 cores each is a real completion beside a TP-2 start-up.
+    data["all"]["children"][BALANCER_GROUP]["vars"]["vllm_balancer_check_interval"] = 3
+    balanced.write_text(yaml.safe_dump(data))
     before = {h: main_pid(real_lab, h) for h in PLANNED_TP}
-    # And one stream that is surely in flight on real-1 (restarted first) when the hook takes it out of rotation.
-    first = backend(state, "real-1")
-    in_flight: dict[str, tuple[float, float, bool, str]] = {}
-
-    def long_stream() -> None:
-        t0 = time.time()
-        # 256 tokens: ~25 s or more on 2 cores, longer than the restart takes to reach real-1's pre-drain hook
-        # (64 tokens ended 0.8 s before it in one run).
-        ok, detail = complete(first, MODEL, True, 256, timeout=180)
-        in_flight["stream"] = (t0, time.time(), ok, detail)
-
-    streamer = threading.Thread(target=long_stream, daemon=True)
-    lb.start()
+    balancer = LabBalancer(real_lab, "lb-real")
     try:
-        time.sleep(2.0)
-        streamer.start()
-        time.sleep(0.5)
-        # The idle wait lets requests in flight finish however slow they are: on 2 cores a 24-token stream on
-        # the TP-2 instance took over 90 s while the other instance started (measured), past the 60 s default.
-        rc, doc = run(capsys, "restart", deployed, "--serial", "1", "--pre-drain", hook(rotation, "remove"),
-                      "--post-ready", hook(rotation, "add"), "--idle-timeout", "300")
-        time.sleep(2.0)
+        rc, doc = run(capsys, "deploy", balanced)
+        assert rc == 0 and doc["by_host"]["lb-real"]["status"] == "changed", \
+            [(h["host"], h["status"], h["message"]) for h in doc["hosts"]]
+        assert {h: main_pid(real_lab, h) for h in PLANNED_TP} == before
+        assert wait_for(balancer.all_up, 60), balancer.stats()
+        assert set(balancer.stats()) == {f"{h}-0" for h in PLANNED_TP}
+
+        rotation = tmp_path / "rotation.json"
+        rotation.write_text(json.dumps([backend(state, h) for h in PLANNED_TP]))
+        # A light load (one client on each path, pausing between requests): on 2 cores a saturating one starves
+        # the restarting TP-2 instance's rank that shares a CPU with the serving instance (its start took 7.8 min).
+        direct = LoadBalancer(rotation, MODEL, workers=1, max_seconds=900, stream_tokens=16, tokens=8,
+                              request_timeout=180, pause=1.5)
+        fronted = through(balancer.frontend, MODEL, tmp_path, workers=1, max_seconds=900, stream_tokens=16,
+                          tokens=8, request_timeout=180, pause=1.5)
+        # And one stream that is surely in flight on real-1 (restarted first) when the hook takes it out of rotation.
+        first = backend(state, "real-1")
+        in_flight: dict[str, tuple[float, float, bool, str]] = {}
+
+        def long_stream() -> None:
+            t0 = time.time()
+            # 256 tokens: ~25 s or more on 2 cores, longer than the restart takes to reach real-1's pre-drain hook
+            # (64 tokens ended 0.8 s before it in one run).
+            ok, detail = complete(first, MODEL, True, 256, timeout=180)
+            in_flight["stream"] = (t0, time.time(), ok, detail)
+
+        streamer = threading.Thread(target=long_stream, daemon=True)
+        since = time.time()
+        direct.start()
+        fronted.start()
+        try:
+            time.sleep(2.0)
+            streamer.start()
+            time.sleep(0.5)
+            # The idle wait lets requests in flight finish however slow they are: on 2 cores a 24-token stream on
+            # the TP-2 instance took over 90 s while the other instance started (measured), past the 60 s default.
+            rc, doc = run(capsys, "restart", balanced, "--serial", "1", "--pre-drain", hook(rotation, "remove"),
+                          "--post-ready", hook(rotation, "add"), "--idle-timeout", "300")
+            time.sleep(2.0)
+        finally:
+            outcomes = direct.finish()
+            through_lb = fronted.finish()
+            streamer.join(timeout=180)
+        assert rc == 0, [(h["host"], h["message"]) for h in doc["hosts"]]
+        assert all(main_pid(real_lab, h) != pid for h, pid in before.items())
+        for name, seen in (("through the hooks' rotation", outcomes), ("through lb-real", through_lb)):
+            lost = [o for o in seen if not o.ok]
+            assert not lost, (name, lost[:5])
+            assert len(seen) > 10 and any(o.stream for o in seen), (name, len(seen))
+        removals = direct.removals()
+        assert [b for _, b in removals] == [backend(state, h) for h in PLANNED_TP]
+        # The stream in flight on real-1 when the hook took it out of rotation ran to its end: the drain waited.
+        t0, t1, ok, _ = in_flight["stream"]
+        assert t0 < removals[0][0] < t1 and ok, (in_flight, removals)
+        assert all(o.ok for o in outcomes if any(b == o.backend and o.started < t < o.ended for t, b in removals))
+        # lb-real drained each server before its stop and set it ready after real vLLM passed its gate.
+        events = balancer.events(since)
+        for h in PLANNED_TP:
+            assert drained_then_ready(events.get(f"{h}-0", [])), events
+        assert wait_for(balancer.all_up, 60), balancer.stats()
+        for h in doc["hosts"]:
+            assert {"drain", "stop", "gpu_release", "load", "ready"} <= set(h["timings"][UNIT]), h["timings"]
     finally:
-        outcomes = lb.finish()
-        streamer.join(timeout=180)
-    assert rc == 0, [(h["host"], h["message"]) for h in doc["hosts"]]
-    assert {h: main_pid(real_lab, h) for h in PLANNED_TP} != before
-    lost = [o for o in outcomes if not o.ok]
-    assert not lost, lost[:5]
-    assert len(outcomes) > 20 and any(o.stream for o in outcomes)
-    removals = lb.removals()
-    assert [b for _, b in removals] == [backend(state, h) for h in PLANNED_TP]
-    # The stream in flight on real-1 when the hook took it out of rotation ran to its end: the drain waited.
-    t0, t1, ok, _ = in_flight["stream"]
-    assert t0 < removals[0][0] < t1 and ok, (in_flight, removals)
-    assert all(o.ok for o in outcomes if any(b == o.backend and o.started < t < o.ended for t, b in removals))
-    for h in doc["hosts"]:
-        assert {"drain", "stop", "gpu_release", "load", "ready"} <= set(h["timings"][UNIT]), h["timings"]
+        real_lab.ssh("lb-real", "systemctl disable --now -q haproxy.service")
 
 
 def test_tp2_drain_past_its_timeout_ends_by_systemds_deadline_named_and_the_next_start_passes_the_gpu_gate(
@@ -249,46 +282,6 @@ def test_a_start_real_vllm_refuses_is_rolled_back_with_its_error_and_serves_agai
     out = capsys.readouterr().out
     assert f"Starting vLLM server on http://{address}:8000" in out
     assert "CPU KV cache size: 58,240 tokens" in out and "Address already in use" not in out
-
-
-def test_deploy_with_the_balancer_then_a_serial_restart_through_it_loses_no_request(
-        capsys: pytest.CaptureFixture[str], real_lab: Lab, deployed: Path, tmp_path: Path) -> None:
-    """lb-real joins the inventory: deploy configures and starts its HAProxy (the instances are unchanged, nothing
-    restarts), and a `restart --serial 1` of real-1 under a light load through lb-real's frontend drains real-1 on
-    HAProxy first and sets it ready after real vLLM passed its readiness gate: no request fails. (real-1 only:
-    real-2's TP-2 start takes minutes on 2 cores.)"""
-    state = real_lab.require_state()
-    balanced = write_inventory(state, tmp_path / "balanced.yml", balancers=True)
-    before = {h: main_pid(real_lab, h) for h in PLANNED_TP}
-    rc, doc = run(capsys, "deploy", balanced)
-    assert rc == 0 and doc["by_host"]["lb-real"]["status"] == "changed", \
-        [(h["host"], h["status"], h["message"]) for h in doc["hosts"]]
-    assert {h: main_pid(real_lab, h) for h in PLANNED_TP} == before
-    lb = LabBalancer(real_lab, "lb-real")
-    # Each check is a one-token completion on real vLLM: UP after two of them (rise 2, every second).
-    assert wait_for(lb.all_up, 60), lb.stats()
-    assert set(lb.stats()) == {f"{h}-0" for h in PLANNED_TP}
-
-    # The light load of the hooks test above, for the same reason (a saturating one starves a start on 2 cores).
-    load = through(lb.frontend, MODEL, tmp_path, workers=2, max_seconds=600, stream_tokens=16, tokens=8,
-                   request_timeout=180, pause=1.5)
-    since = time.time()
-    load.start()
-    try:
-        time.sleep(2.0)
-        rc, doc = run(capsys, "restart", balanced, "--limit", "real-1", "--serial", "1", "--idle-timeout", "300")
-        time.sleep(2.0)
-    finally:
-        outcomes = load.finish()
-    assert rc == 0, [(h["host"], h["message"]) for h in doc["hosts"]]
-    assert main_pid(real_lab, "real-1") != before["real-1"]
-    lost = [o for o in outcomes if not o.ok]
-    assert not lost, lost[:5]
-    assert len(outcomes) > 10 and any(o.stream for o in outcomes)
-    events = lb.events(since)
-    assert drained_then_ready(events.get("real-1-0", [])), events
-    assert not [e for e in events.get("real-2-0", []) if "drain" in e], events
-    assert wait_for(lb.all_up, 60), lb.stats()
 
 
 def test_bench_runs_real_vllm_bench_serve_from_the_provisioned_venv_and_meets_a_generous_slo(
