@@ -1,7 +1,11 @@
-"""Shared fixtures for the planning-core tests: inventories written to tmp_path, planned in memory."""
+"""Shared fixtures for the planning-core tests (inventories written to tmp_path, planned in memory), the
+`needs_haproxy` marker of the tests that run Debian's HAProxy, and the `lab` marker on every test that uses the
+simulated lab."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +18,29 @@ from ernie_deploy.planning.plantypes import HostPlan
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+# Skips only on a developer machine without HAProxy; under .ci/run (ERNIE_LAB_REQUIRED=1) or any CI the tests
+# run and a missing haproxy fails them, because scripts/test installs Debian's haproxy there.
+needs_haproxy = pytest.mark.skipif(
+    shutil.which("haproxy") is None and not os.environ.get("CI") and os.environ.get("ERNIE_LAB_REQUIRED") != "1",
+    reason="haproxy is not installed (apt-get install haproxy); scripts/test installs it",
+)
+
+# The fixtures of tests/lab/conftest.py that boot (or clean up after) the simulated lab; unit tests elsewhere
+# have fixtures of their own named `lab` (a simulator in a temporary directory).
+LAB_TESTS = Path(__file__).resolve().parent / "lab"
+SIM_LAB_FIXTURES = frozenset({"lab", "lab_state", "units"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that uses the simulated lab is a lab test even where its module forgot `pytestmark`: scripts/test
+    runs `-m "lab and not real_vllm"` and `-m "real_vllm or not lab"` side by side, and an unmarked one would boot
+    a second simulated lab on the same addresses from the other process."""
+    for item in items:
+        uses_lab = SIM_LAB_FIXTURES & set(getattr(item, "fixturenames", ()))
+        if uses_lab and item.path.is_relative_to(LAB_TESTS) and item.get_closest_marker("lab") is None:
+            item.add_marker(pytest.mark.lab)
 
 
 @pytest.fixture

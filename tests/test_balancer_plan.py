@@ -6,9 +6,7 @@ from __future__ import annotations
 import contextlib
 import http.server
 import json
-import os
 import re
-import shutil
 import socket
 import stat
 import subprocess
@@ -21,6 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import needs_haproxy
 
 from ernie_deploy.cli.main import main
 from ernie_deploy.errors import DeployError, InventoryError, RenderError
@@ -263,14 +262,6 @@ def test_a_template_that_fails_names_the_balancer_and_the_template(balancers: Ba
     (tmp_path / "bad.j2").unlink()
     with pytest.raises(RenderError, match=r"bad\.j2"):
         render_balancer(lb)
-
-
-# Skips only on a developer machine without HAProxy; under .ci/run (ERNIE_LAB_REQUIRED=1) or any CI the tests run
-# and a missing haproxy fails them, because scripts/test installs it there.
-needs_haproxy = pytest.mark.skipif(
-    shutil.which("haproxy") is None and not os.environ.get("CI") and os.environ.get("ERNIE_LAB_REQUIRED") != "1",
-    reason="haproxy is not installed (apt-get install haproxy); scripts/test installs it",
-)
 
 
 def haproxy_check(config: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:

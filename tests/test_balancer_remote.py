@@ -4,7 +4,6 @@ the runtime program against a real HAProxy, and `Balancers` over the fake host."
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
 import socket
 import stat
@@ -16,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from conftest import needs_haproxy
 from fakehost import FakeBalancer, FakeHost, connector
 
 from ernie_deploy.errors import DeployError
@@ -42,10 +42,6 @@ from ernie_deploy.remote.command import Op
 
 KEY = "sk-balancer-secret"
 
-# Skips only on a developer machine without HAProxy; scripts/test installs it, so CI never skips.
-needs_haproxy = pytest.mark.skipif(
-    shutil.which("haproxy") is None and not os.environ.get("CI") and os.environ.get("ERNIE_LAB_REQUIRED") != "1",
-    reason="haproxy is not installed (apt-get install haproxy); scripts/test installs it")
 
 
 def plan(host: str = "lb-1", *, config: str = DEBIAN_CONFIG, sock: str = "/run/haproxy/admin.sock",

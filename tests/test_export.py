@@ -9,7 +9,6 @@ import ast
 import importlib.util
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from typing import Any
 import jinja2
 import pytest
 import yaml
+from conftest import needs_haproxy
 
 from ernie_deploy.cli.main import main
 from ernie_deploy.export.program import host_program
@@ -403,11 +403,6 @@ def test_the_balancer_role_refuses_a_key_its_config_would_misread(key: str, safe
 
 # --- the host program's `haproxy` command against a real HAProxy ---------------------------------------------
 
-# Skips only on a developer machine without HAProxy; under .ci/run (ERNIE_LAB_REQUIRED=1) or any CI it runs
-# (scripts/test installs Debian's haproxy).
-needs_haproxy = pytest.mark.skipif(
-    shutil.which("haproxy") is None and not os.environ.get("CI") and os.environ.get("ERNIE_LAB_REQUIRED") != "1",
-    reason="haproxy is not installed (apt-get install haproxy); scripts/test installs it")
 
 
 def free_port() -> int:

@@ -143,7 +143,10 @@ def find_mirror(suite: str = SUITE, apt_dir: Path = Path("/etc/apt")) -> str:
 
 @contextlib.contextmanager
 def locked(cache: Path) -> Iterator[None]:
-    """Serialise builds: two `lab up` at once would otherwise both download the same tree."""
+    """Serialise builds: two `lab up` at once would otherwise both download the same tree. Every build into
+    `cache` takes it (this root file system and realvllm's package index), so scripts/test's two pytest processes
+    can boot their labs at once on a fresh machine: one builds, the other waits and then finds it cached, and the
+    leftover cleanup in each build never meets another process's build in progress."""
     cache.mkdir(parents=True, exist_ok=True)
     with open(cache / ".lock", "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
