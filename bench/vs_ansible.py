@@ -29,7 +29,6 @@ parallel.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import platform
@@ -76,8 +75,10 @@ def compile_all() -> None:
 
 
 def install_peers() -> None:
-    missing = [pkg for pkg, module in (("ansible-core", "ansible"), ("pyinfra", "pyinfra"))
-               if importlib.util.find_spec(module) is None]
+    # By their programs: bench/ansible and bench/pyinfra (on sys.path as this script's folder) would pass for
+    # the packages with importlib.
+    missing = [pkg for pkg, program in (("ansible-core", "ansible-playbook"), ("pyinfra", "pyinfra"))
+               if not (BIN / program).exists()]
     if missing:
         print(f"installing {', '.join(missing)} from PyPI", flush=True)
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", *missing], check=True)
@@ -159,14 +160,19 @@ class Bench:
             counts = [h.get("remote_commands", 0) for h in doc.get("hosts", [])]
             commands = f"{statistics.mean(counts):.1f}" if counts else "-"
             changed = str(sum(1 for h in doc.get("hosts", []) if h.get("status") == "changed"))
-            timings = [t for h in doc.get("hosts", []) for t in (h.get("timings") or {}).values()]
-            phases = {k: statistics.median(t[k] for t in timings if k in t) for k in {k for t in timings for k in t}}
+            phases = phases_of(doc.get("hosts", []), self.stable)
         elif tool == "ansible-playbook":
             stats = [(int(m[2]), int(m[3])) for m in RECAP.finditer(done.stdout)]
             commands = f"{statistics.mean(ok for ok, _ in stats):.1f} tasks" if stats else "-"
             changed = str(sum(c for _, c in stats))
         return Sample(wall, cpu / self.n, connections, commands, changed,
                       phases if tool == "ernie-deploy" else {})
+
+    @property
+    def stable(self) -> float:
+        """The inventory's vllm_stable_seconds (the lab's), the window every start must stay healthy."""
+        data = yaml.safe_load(self.inventory.read_text())
+        return float(data["all"]["children"]["lab"]["vars"].get("vllm_stable_seconds", 3))
 
     def prepare(self, scenario: str) -> None:
         knobs = {"load_seconds": LOAD_SECONDS, **({"version_seconds": VERSION_SECONDS}
@@ -179,7 +185,10 @@ class Bench:
 
     def ensure_deployed(self) -> None:
         argv, cwd = self.argv("ernie-deploy", "nochange")
-        subprocess.run(argv, cwd=cwd, capture_output=True, check=True, timeout=1800, env=ENV)
+        done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=1800, env=ENV, check=False)
+        if done.returncode != 0:
+            raise SystemExit(f"ernie-deploy deploy (to prepare) failed (rc {done.returncode}):\n"
+                             f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
 
     def floor(self) -> float:
         """A fresh Python that imports paramiko, opens one SSH connection per host (strict host keys) and runs
@@ -189,6 +198,37 @@ class Bench:
         subprocess.run([sys.executable, "-c", FLOOR, self.known_hosts, self.key, *addresses], check=True,
                        capture_output=True, timeout=120, env=ENV)
         return time.perf_counter() - t0
+
+
+def step_kind(name: str) -> str:
+    """A step's name without the units it names: `stop ernie-vllm-0.service` → `stop`."""
+    return " ".join(w for w in name.split() if not w.startswith("ernie-vllm-")) or name
+
+
+def phases_of(hosts: list[dict[str, object]], stable: float) -> dict[str, float]:
+    """Median seconds per host of each kind of step (the readiness watch's `ready` split into `load`, until it
+    first served, and `ready` after), and for a rolling restart the overhead per batch: the time between the ends
+    of two consecutive hosts' work (one host a batch) beyond that host's stop, load and stability window."""
+    per_host: list[dict[str, float]] = []
+    for host in hosts:
+        sums: dict[str, float] = {}
+        for step in host.get("steps") or []:  # type: ignore[attr-defined]
+            kind = step_kind(step["name"])
+            sums[kind] = sums.get(kind, 0.0) + float(step["seconds"])
+        timings = list((host.get("timings") or {}).values())  # type: ignore[attr-defined]
+        load = sum(float(t.get("load", 0.0)) for t in timings)
+        if "ready" in sums and load:
+            sums["load"], sums["ready"] = load, sums["ready"] - load
+        per_host.append(sums)
+    kinds = {k for sums in per_host for k in sums}
+    out = {k: statistics.median(s[k] for s in per_host if k in s) for k in kinds}
+    ends = sorted((max(float(st["ended_at"]) for st in h.get("steps") or []), i)  # type: ignore[attr-defined]
+                  for i, h in enumerate(hosts) if h.get("steps"))
+    overheads = [ends[k][0] - ends[k - 1][0] - per_host[i].get("stop", 0.0) - per_host[i].get("load", 0.0) - stable
+                 for k, (_, i) in enumerate(ends) if k and per_host[i].get("stop")]
+    if overheads:
+        out["overhead per batch"] = statistics.median(overheads)
+    return out
 
 
 FLOOR = """
@@ -260,12 +300,21 @@ def report(bench: Bench, scenarios: Sequence[str], floor: list[float]) -> None:
                   f"{statistics.median(s.cpu for s in samples):.3f} | "
                   f"{statistics.median(s.connections for s in samples):.1f} | {samples[-1].commands} | "
                   f"{samples[-1].changed} |")
-    for scenario in scenarios:
-        phases = [s.phases for s in bench.results[(scenario, "ernie-deploy")] if s.phases]
-        if phases:
-            keys = sorted({k for p in phases for k in p})
-            print(f"\nernie-deploy {scenario}: median seconds per instance phase: " + ", ".join(
-                f"{k} {statistics.median(p[k] for p in phases if k in p):.2f}" for k in keys))
+    phased = [s for s in scenarios if any(x.phases for x in bench.results[(s, "ernie-deploy")])]
+    if phased:
+        print("\nernie-deploy, seconds per host by step (median over hosts, then runs); `load` until the instance "
+              "first served, `ready` the rest of the watch (stability window and checks)\n")
+        print("| step | " + " | ".join(phased) + " |")
+        print("|---|" + "---|" * len(phased))
+        runs = {s: [x.phases for x in bench.results[(s, "ernie-deploy")] if x.phases] for s in phased}
+        order = ["facts", "lock", "balancer", "drain", "stop", "gpu release", "stage", "start", "load", "ready",
+                 "checks", "overhead per batch"]
+        kinds = sorted({k for r in runs.values() for p in r for k in p},
+                       key=lambda k: (order.index(k) if k in order else len(order), k))
+        for kind in kinds:
+            cells = [statistics.median(p[kind] for p in runs[s] if kind in p)
+                     if any(kind in p for p in runs[s]) else None for s in phased]
+            print(f"| {kind} | " + " | ".join("" if c is None else f"{c:.2f}" for c in cells) + " |")
     fmed = statistics.median(floor)
     nochange = bench.results.get(("nochange", "ernie-deploy"))
     ratio = f"; no-change ernie-deploy ÷ floor: {stats(nochange)[0] / fmed:.2f}" if nochange else ""

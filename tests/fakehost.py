@@ -21,6 +21,9 @@ import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ernie_deploy.checks.progress import RUNNING, WAITING, has_work
+from ernie_deploy.orchestration.progress import MARK as PROGRESS_MARK
+from ernie_deploy.orchestration.progress import ReadProgress
 from ernie_deploy.planning.hostpaths import RELEASES_DIR
 from ernie_deploy.remote import bench, http
 from ernie_deploy.remote.balancer import ANSWER, ApplyBalancer, BalancerAdmin
@@ -39,6 +42,10 @@ CONFIG = (ROOT / "ernie_deploy/data/models/ERNIE-4.5-0.3B-PT/config.json").read_
 BENCH_RESULT = (ROOT / "tests/fixtures/bench/vllm-0.32.0-random.json").read_text()
 LOGS = {1: "healthy-0.11.0-tp1.log", 2: "healthy-0.34.0-tp2.log", 4: "healthy-0.34.0-tp4.log"}
 MARK = "@@ernie-deploy:"
+# What an instance's /metrics shows with nothing to do (the progress reader's families only).
+IDLE_PAGE = ('vllm:num_requests_running{engine="0",model_name="m"} 0.0\n'
+             'vllm:num_requests_waiting{engine="0",model_name="m"} 0.0\n'
+             'vllm:generation_tokens_total{engine="0",model_name="m"} 0.0\n')
 
 
 def startup_journal(tp: int, max_len: int) -> list[str]:
@@ -213,6 +220,11 @@ class FakeHost:
     # The same per deployed settings (calibrate's candidates): the first entry whose text the unit file contains
     # (each part of "A && B") decides, before bench_ends.
     bench_when: dict[str, str] = field(default_factory=dict)
+    # The progress reader's /metrics pages per instance unit (no ".service"), round 1 then round 2; "HTTP 404"
+    # answers that status. Unset: an idle page while the unit runs. `progress_reads` records each reading the
+    # host's program made, (unit, round), deciding on a second one as the program does (checks.progress.has_work).
+    progress_pages: dict[str, list[str]] = field(default_factory=dict)
+    progress_reads: list[tuple[str, int]] = field(default_factory=list)
 
     def facts_text(self) -> str:
         gpus = "\n".join(f"{i}, NVIDIA A10, GPU-{i:08d}-0000-0000-0000-000000000000, 23028, 550.127.05"
@@ -283,7 +295,9 @@ class FakeHost:
     def stop(self, stop: Stop) -> str:
         self.active.pop(stop.unit, None)
         self.log.append(f"stop {stop.unit}")
-        return f"{MARK}stopped inactive\n" + (f"{MARK}killed\n" if self.killed_on_stop else "")
+        out = f"{MARK}stopped inactive\n" + (f"{MARK}killed\n" if self.killed_on_stop else "")
+        # The stop command reads the GPUs right after the stop when asked (remote/rolling.py stop_command).
+        return out + (self.gpu_release(GpuRelease(stop.gpu_units)) if stop.gpu_units else "")
 
     def gpu_release(self, release: GpuRelease) -> str:
         out = []
@@ -391,6 +405,24 @@ class FakeHost:
         return out + event("exit", code=0, timed_out=False, seconds=12.0, tail=[]) \
             + event("metrics", when="after", text=after) + event("result", text=text)
 
+    def progress(self, intent: ReadProgress) -> str:
+        def reading(unit: str, url: str, round_: int) -> dict[str, object]:
+            self.progress_reads.append((unit, round_))
+            port = int(url.split(":")[2].split("/")[0])
+            if not any(self.unit(u).port == port for u in self.active if u in self.unit_names()):
+                return {"id": unit, "round": round_, "status": None, "error": "[Errno 111] Connection refused",
+                        "seconds": 0.0, "body": ""}
+            pages = self.progress_pages.get(unit) or [IDLE_PAGE]
+            page = pages[min(round_, len(pages)) - 1]
+            status = int(page.split()[1]) if page.startswith("HTTP ") else 200
+            return {"id": unit, "round": round_, "status": status, "error": None, "seconds": 0.01,
+                    "body": page if status == 200 else ""}
+
+        first = [reading(u, url, 1) for u, url in zip(intent.units, intent.urls, strict=True)]
+        second = [reading(u, url, 2) for u, url, r in zip(intent.units, intent.urls, first, strict=True)
+                  if has_work(str(r["body"]), RUNNING, WAITING)]
+        return "".join(PROGRESS_MARK + json.dumps(r) + "\n" for r in first + second)
+
     def answer(self, r: http.Request) -> dict[str, object]:
         url = r.url
         port = int(url.split(":")[2].split("/")[0])
@@ -486,6 +518,8 @@ class FakeSession:
                 return h.balancer.admin(json.loads(cmd.stdin))
             case bench.Bench() as run:
                 return h.bench_run(run)
+            case ReadProgress() as read_progress:
+                return h.progress(read_progress)
         return None
 
     def close(self) -> None:

@@ -85,3 +85,25 @@ def test_simulated_metrics_escape_model_names_as_prometheus_client_does() -> Non
     assert in_flight(text) == 3
     labelled = [s for s in map(parse_sample, text.splitlines()) if s is not None and "model_name" in s.labels]
     assert labelled and {s.labels["model_name"] for s in labelled} == {name}
+
+
+def test_the_stop_reads_the_gpus_in_the_same_round_trip_and_both_parse_from_its_output() -> None:
+    """The gate's first reading is taken by the stop's command, right after `systemctl stop` returned (every
+    process of the unit gone): one round trip fewer per instance."""
+    from ernie_deploy.remote.rolling import GpuRelease, parse_stop, stop_command
+
+    alone = stop_command("ernie-vllm-0.service", {"action": "stop"}).intent.render()
+    fused = stop_command("ernie-vllm-0.service", {"action": "stop"}, ["ernie-vllm-0.service"]).intent.render()
+    assert "nvidia-smi" not in alone
+    reading = GpuRelease(("ernie-vllm-0.service",)).render()
+    assert fused.startswith(alone) and fused.endswith(reading)
+    assert fused.index("systemctl stop") < fused.index("nvidia-smi")
+    out = ("@@ernie-deploy:stopped inactive\n"
+           "@@ernie-deploy:unit ernie-vllm-0.service\nId=ernie-vllm-0.service\nActiveState=inactive\n"
+           "@@ernie-deploy:baseline ernie-vllm-0.service\n0, 310\n"
+           "@@ernie-deploy:gpus\n0, GPU-0, 300, 23028, 0\n@@ernie-deploy:apps\n@@ernie-deploy:ps\n"
+           "@@ernie-deploy:cgroups\n")
+    assert parse_stop(out).state == "inactive" and not parse_stop(out).killed
+    got = parse_gpus(out)
+    assert [r.index for r in got.rows] == [0] and not got.apps
+    assert judge([0], got.rows, got.apps, got.names, got.baselines["ernie-vllm-0.service"]).free

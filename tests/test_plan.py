@@ -509,3 +509,12 @@ def test_cpu_variables_on_a_gpu_build_warn(plan_one: Plan) -> None:
     assert f.fix is not None and "0.32.0+cpu" in f.fix
     assert "cpu-settings-gpu-build" not in codes(plan_one(**A10, gpu_count=1, vllm_cpu_kvcache_space=1,
                                                            vllm_env={"VLLM_TARGET_DEVICE": "cpu"}))
+
+
+def test_progress_thresholds_are_inventory_variables_checked_at_plan_time(plan_one: Plan) -> None:
+    # The watchdog's thresholds (docs/progress.md) plan like any vllm_* variable: set, they are accepted;
+    # out of range, the plan names the variable and its fix instead of failing later in status or watch.
+    ok = plan_one(**A10, gpu_count=1, vllm_progress_window=2, vllm_progress_min_tokens=1)
+    assert not [f for f in ok.findings if f.code == "input"]
+    f = finding(plan_one(**A10, gpu_count=1, vllm_progress_window=0), "input")
+    assert "vllm_progress_window" in f.message and f.fix is not None and "vllm_progress_window" in f.fix

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
+import pytest
+
+from ernie_deploy.orchestration import readiness
 from ernie_deploy.orchestration.readiness import Observation, Readiness, Spec, State, Wait, step
+from ernie_deploy.remote import http as remote_http
+from ernie_deploy.remote.converge import Started
 from ernie_deploy.remote.http import Answer
 from ernie_deploy.remote.probe import UnitProbe
 from ernie_deploy.remote.systemd import UnitState
@@ -140,3 +148,68 @@ def test_a_unit_waiting_to_be_revived_is_a_crash_loop_however_old_its_last_start
     fresh = UnitState(active_state="active", sub_state="running", n_restarts=3, main_pid=7,
                       started_monotonic=now - 5_000_000)
     assert systemd_check(inst, fresh, [], now_us=now, stable_s=10).status == "fail"
+
+
+class _Watched:
+    """A host for `watch`: each poll returns the next UnitProbe (health 200 throughout); the clock is advanced by
+    the fake sleep and by each poll's `took` seconds; what happened is logged in order."""
+
+    def __init__(self, took: float) -> None:
+        self.now, self.took = 0.0, took
+        self.log: list[str] = []
+
+    def run(self, command: Any) -> Any:
+        self.now += self.took
+        self.log.append("poll")
+        return SimpleNamespace(text="")
+
+    def sleep(self, seconds: float) -> None:
+        self.log.append(f"sleep {seconds:.2f}")
+        self.now += seconds
+
+
+def _watch(monkeypatch: pytest.MonkeyPatch, host: _Watched, on_serving: Callable[[], bool] | None,
+           stable: float = 1.0, poll: float = 0.5) -> Readiness:
+    probe = SimpleNamespace(http={}, unit=lambda name: unit())
+    monkeypatch.setattr(readiness, "parse", lambda text: probe)
+    monkeypatch.setattr(readiness, "watch_command", lambda *a, **k: "poll")
+    monkeypatch.setattr(readiness, "requests_for", lambda *a, **k: [])
+    monkeypatch.setattr(readiness, "api_key", lambda plan: None)
+    monkeypatch.setattr(readiness, "instance_context", lambda inst, heads: {})
+    monkeypatch.setattr(readiness, "serves", lambda plan, inst, answers: True)
+    monkeypatch.setattr(remote_http, "missing", lambda answers, key: OK)
+    plan = SimpleNamespace(model=None)
+    inst = SimpleNamespace(unit="ernie-vllm-0")
+    return readiness.watch(host, plan, inst, started=Started("run-1", 0), budget=60,  # type: ignore[arg-type]
+                           stable=stable, poll=poll, clock=lambda: host.now, sleep=host.sleep,
+                           on_serving=on_serving)
+
+
+def test_checks_run_once_inside_the_stability_window_and_the_window_ends_on_time(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    host = _Watched(took=0.05)
+
+    def checks() -> bool:
+        host.log.append("checks")
+        host.now += 0.4  # the checks take their time; the window goes on meanwhile
+        return True
+
+    ready = _watch(monkeypatch, host, checks, stable=1.0)
+    assert ready.status == "ready"
+    assert host.log.count("checks") == 1 and host.log.index("checks") == 1  # right after the first serving poll
+    # Served at 0.05 s: the window ends at 1.05 s, and the last poll is there, not a full poll interval later.
+    assert ready.seconds == pytest.approx(1.05, abs=0.06)
+
+
+def test_failed_checks_end_the_watch_before_the_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    host = _Watched(took=0.05)
+    ready = _watch(monkeypatch, host, lambda: False, stable=5.0)
+    assert ready.status == "failed" and "checks failed" in ready.summary
+    assert host.log == ["poll"] and ready.healthy_after == pytest.approx(0.05)
+
+
+def test_a_host_that_answers_fast_is_polled_sooner_but_never_harder_than_the_floor() -> None:
+    assert readiness.pause(0.5, 0.02) == readiness.MIN_PAUSE
+    assert readiness.pause(0.5, 0.2) == 0.2
+    assert readiness.pause(0.5, 3.0) == 0.5
+    assert readiness.pause(0.01, 0.2) == 0.01  # a caller's shorter poll (tests) wins

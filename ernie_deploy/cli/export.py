@@ -1,4 +1,5 @@
-"""`export ansible`: write the plan as a self-contained Ansible project (docs/ansible.md); thin."""
+"""`export ansible`: write the plan as a self-contained Ansible project (docs/ansible.md); `export prometheus`: its
+instances as a Prometheus and Grafana pack (docs/observability.md); thin."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ if TYPE_CHECKING:
 
 
 def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
-    p = sub.add_parser("export", help="write the plan as content another engine runs (an Ansible project)",
+    p = sub.add_parser("export", help="write the plan as content another engine runs (an Ansible project, a "
+                                      "Prometheus and Grafana pack)",
                        description="Plan and render every host as `render` does, then write a self-contained "
                                    "Ansible project: a role (ansible.builtin only) holding the rendered units "
                                    "verbatim and env files whose only variables are the secrets, site.yml, "
@@ -24,9 +26,12 @@ def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
                                    "replaced by a vault variable, and ansible.cfg with host-key checking on. It "
                                    "runs under ansible-playbook, ansible-runner and AWX without ernie-deploy, "
                                    "and keeps ernie-deploy's lock, releases and audit log on the hosts. Touches "
-                                   "no host. Exit codes: 0 written, 1 a plan has errors (nothing written), "
-                                   "5 bad input.")
-    p.add_argument("target", choices=("ansible",), help="the engine to write for")
+                                   "no host. `export prometheus` writes file-based service discovery targets "
+                                   "for every instance's /metrics, alert rules, a Grafana dashboard per vLLM "
+                                   "version and a prometheus.yml, every metric name checked against the pinned "
+                                   "vLLM's (docs/observability.md). Exit codes: 0 written, 1 a plan has errors "
+                                   "(nothing written), 5 bad input.")
+    p.add_argument("target", choices=("ansible", "prometheus"), help="what to write")
     common(p)
     p.add_argument("-o", "--output", type=Path, required=True, metavar="DIR",
                    help="directory to write; an earlier export there is replaced, any other non-empty "
@@ -41,6 +46,9 @@ def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
                    help="run on the controller before each instance is drained (take it out of the load "
                         "balancer); ERNIE_* variables say which, as for `ernie-deploy restart`")
     p.add_argument("--post-ready", default="", metavar="CMD", help="run after an instance is ready (put it back)")
+    p.add_argument("--scrape-interval", type=float, default=15.0, metavar="S",
+                   help="prometheus: seconds between scrapes and rule evaluations (default 15); the stall and stuck "
+                        "rules look back over several scrapes at least")
     p.add_argument("--json", action="store_true", help=f"machine-readable output (schema {EXPORT_SCHEMA})")
     p.set_defaults(func=cmd_export)
 
@@ -53,6 +61,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     from ernie_deploy.planning.batches import parse_percentage, parse_serial
     from ernie_deploy.planning.plan import HostLike, PlanContext, plan_hosts
     from ernie_deploy.planning.render import environment_for_templates, render_host, templates_dir
+    if args.target == "prometheus":
+        return cmd_export_prometheus(args)
     if args.canary < 0:
         raise DeployError(f"--canary must be 0 or more, got {args.canary}")
     options = ExportOptions(serial=parse_serial(args.serial), canary=args.canary,
@@ -84,6 +94,36 @@ def cmd_export(args: argparse.Namespace) -> int:
     write_tree(args.output, files)
     hosts = [p.name for p in plans] + [h.name for h in chosen_balancers]
     show_export(args.output, hosts, [f.path for f in files], json=args.json)
+    return ExitCode.OK
+
+
+def cmd_export_prometheus(args: argparse.Namespace) -> int:
+    from ernie_deploy.checks.progress import thresholds_of
+    from ernie_deploy.export.prometheus import export_files, release_digest
+    from ernie_deploy.inventory.inventory import load_inventory
+    from ernie_deploy.output.export import say_plan_errors, show_export
+    from ernie_deploy.planning.balancer import split_hosts
+    from ernie_deploy.planning.plan import HostLike, PlanContext, plan_hosts
+    from ernie_deploy.planning.render import environment_for_templates, render_host, templates_dir
+    inventory = load_inventory(args.inventory)
+    ctx = PlanContext.load(args.table, base_dir=args.inventory.resolve().parent)
+    selected, _ = split_hosts(inventory.select(args.limit))
+    if not selected:
+        raise DeployError(f"no vLLM host matches --limit {args.limit!r}", where=str(args.inventory))
+    thresholds = {h.name: thresholds_of(h.name, h.vars) for h in selected}  # bad values: before anything is planned
+    plans = plan_hosts(list[HostLike](selected), ctx)
+    bad = [p.name for p in plans if not p.ok]
+    if bad:
+        say_plan_errors(bad)
+        return ExitCode.PLAN_ERRORS
+    env = environment_for_templates(templates_dir(args.templates))
+    # The release label is the hash part of the id a deploy of these files records; the files are hashed, never
+    # written, so the secrets they hold stay here.
+    releases = {p.name: release_digest(render_host(p, env)) for p in plans}
+    files = export_files(plans, releases, thresholds, args.scrape_interval)
+    write_tree(args.output, files)
+    show_export(args.output, [p.name for p in plans], [f.path for f in files], json=args.json,
+                next_step=f"next: prometheus --config.file={args.output}/prometheus.yml (see docs/observability.md)")
     return ExitCode.OK
 
 

@@ -26,6 +26,7 @@ from ernie_deploy.cli.provision import register as register_provision
 from ernie_deploy.cli.remote import register as register_remote
 from ernie_deploy.cli.run import register as register_run
 from ernie_deploy.cli.status import register as register_status
+from ernie_deploy.cli.watch import register as register_watch
 from ernie_deploy.errors import DeployError, ExitCode
 from ernie_deploy.output.schemas import PLAN_SCHEMA
 
@@ -114,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_provision(sub, _common)
     register_run(sub, _common)
     register_status(sub, _common)
+    register_watch(sub, _common)
     register_bench(sub, _common)
     register_calibrate(sub, _common)
     register_export(sub, _common)
@@ -231,7 +233,6 @@ def cmd_inventory(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from ernie_deploy.output import console
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose >= 3 else logging.WARNING,
@@ -246,9 +247,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DeployError as exc:
         if args.verbose >= 3:
             log.exception("error")
+        from ernie_deploy.output import console  # rich: only where something is printed through it
         console.error(exc)
         return exc.exit_code
     except KeyboardInterrupt:
+        from ernie_deploy.output import console
         console.note("interrupted")
         return ExitCode.INTERRUPTED
 

@@ -24,11 +24,12 @@ if TYPE_CHECKING:
     from ernie_deploy.orchestration.fleet import FleetOptions
     from ernie_deploy.orchestration.results import HostResult
     from ernie_deploy.orchestration.rollout import Report
-    from ernie_deploy.orchestration.transport import Connector
+    from ernie_deploy.orchestration.transport import Connector, Transport
     from ernie_deploy.planning.balancer import BalancerPlan
     from ernie_deploy.planning.drivers import DriverVerdict
     from ernie_deploy.planning.plan import PlanContext
     from ernie_deploy.remote.facts import HostFacts
+    from ernie_deploy.remote.ssh import Target
 from ernie_deploy.cli import rollout
 from ernie_deploy.errors import ExitCode
 from ernie_deploy.output.schemas import FACTS_SCHEMA, RELEASES_SCHEMA, RESULTS_SCHEMA, VERIFY_SCHEMA
@@ -70,11 +71,18 @@ def targets(args: argparse.Namespace) -> tuple[Any, PlanContext, list[Host]]:
 
 def selected(args: argparse.Namespace) -> tuple[Any, PlanContext, list[Host]]:
     """The inventory, the planning context and every host --limit selects, balancers included."""
+    from ernie_deploy.inventory.connection import check_connections
     from ernie_deploy.inventory.inventory import load_inventory
+    from ernie_deploy.planning.balancer import split_hosts
     from ernie_deploy.planning.plan import PlanContext
     inventory = load_inventory(args.inventory)
     ctx = PlanContext.load(getattr(args, "table", None), base_dir=args.inventory.resolve().parent)
-    return inventory, ctx, list(inventory.select(args.limit))
+    hosts = list(inventory.select(args.limit))
+    vllm, balancer_hosts = split_hosts(hosts)
+    # Every ansible_connection is judged before any host is contacted: a bad one touches nothing.
+    check_connections(vllm, "vLLM hosts")
+    check_connections(balancer_hosts, "balancer hosts")
+    return inventory, ctx, hosts
 
 
 @dataclass
@@ -100,12 +108,17 @@ def balancers(args: argparse.Namespace, inventory: Inventory, ctx: PlanContext, 
     if not hosts or getattr(args, "no_balancer", False):
         yield BalancerWiring(names)
         return
+    from ernie_deploy.inventory.connection import check_connections, check_fronted
     from ernie_deploy.orchestration.balancers import Balancers
     from ernie_deploy.orchestration.fleet import Fleet
     from ernie_deploy.planning.balancer import fleet_plans, plan_balancers
+    check_connections(hosts, "balancer hosts")
     plans = plan_balancers(hosts, fleet_plans(inventory.hosts.values(), ctx),
                            base_dir=args.inventory.resolve().parent)
     by_name = {h.name: h for h in hosts}
+    for plan in plans:
+        for _, server in plan.servers():
+            check_fronted(by_name[plan.host], plan.address, inventory.hosts[server.host], server.name, server.address)
     fleet = Fleet(connector(args), fleet_options(args))
     control = Balancers(fleet, plans, by_name)
     chosen = [p for p in plans if p.host in apply]
@@ -124,15 +137,24 @@ def fleet_options(args: argparse.Namespace) -> FleetOptions:
 
 
 def connector(args: argparse.Namespace) -> Connector:
+    """Opens a host's transport: SSH, or this machine itself for ansible_connection local (remote/local.py),
+    where the host-key policy, known_hosts and --host-timeout do not apply."""
+    from ernie_deploy.inventory.connection import ConnectionType
     from ernie_deploy.output.remote import say_accept_new
+    from ernie_deploy.remote import local
     from ernie_deploy.remote.ssh import connect
     policy = HostKeyPolicy(args.host_key_policy)
     if policy is HostKeyPolicy.ACCEPT_NEW:
         log.warning("host key policy accept-new: unknown host keys will be recorded")
         say_accept_new(getattr(args, "check", False))
     # Check mode changes nothing, the controller's known_hosts included.
-    return partial(connect, policy=policy, timeout=args.connect_timeout, record=not getattr(args, "check", False),
-                   host_timeout=args.host_timeout)
+    over_ssh = partial(connect, policy=policy, timeout=args.connect_timeout, record=not getattr(args, "check", False),
+                       host_timeout=args.host_timeout)
+
+    def open_transport(target: Target) -> Transport:
+        return local.connect(target) if target.connection is ConnectionType.LOCAL else over_ssh(target)
+
+    return open_transport
 
 
 def _positive_seconds(text: str) -> float:

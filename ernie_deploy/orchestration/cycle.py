@@ -50,6 +50,7 @@ from ernie_deploy.planning.hostpaths import RELEASES_DIR, local_url
 from ernie_deploy.planning.plantypes import HostPlan, InstancePlan
 from ernie_deploy.playbook.actions import ACTIONS
 from ernie_deploy.remote import converge, http, probe, releases, rolling
+from ernie_deploy.remote.protocol import MARK
 from ernie_deploy.remote.ssh import Failure, RemoteError
 from ernie_deploy.remote.systemd import UnitState
 
@@ -182,11 +183,12 @@ class HostCycle:
             self._stopped("before stopping " + ", ".join(i.unit for i in group), group + later)
             return False
         stop_first = self.work.stop_first if first else ()
-        for unit in stop_first:
-            self._stop_unit(unit, None, 0.0)
-        for inst in running:
-            self._stop_unit(unit_of(inst), inst, drained.get(unit_of(inst), 0.0))
-        release = self._gpus_free(group, after_stop=bool(running or stop_first))
+        stops = [(unit, None) for unit in stop_first] + [(unit_of(i), i) for i in running]
+        reading = None  # the last stop reads the group's GPUs too: the gate's first reading, no round trip of its own
+        for k, (unit, inst) in enumerate(stops):
+            reading = self._stop_unit(unit, inst, drained.get(unit, 0.0),
+                                      [unit_of(i) for i in group] if k == len(stops) - 1 else [])
+        release = self._gpus_free(group, reading)
         if not release.free:
             self._undo(group, later, None, restart=False)
             return False
@@ -450,11 +452,12 @@ class HostCycle:
         with self._phase(f"drain {inst.unit}", "drain", [unit]) as step:
             left: int | None = None
             while True:
+                asked = time.monotonic()
                 answer = http.missing(http.parse(self.session.run(command).text), request.id)
                 left = in_flight(answer.body.decode(errors="replace")) if answer.status == 200 else None
                 if left == 0 or self.fleet.abort.is_set() or time.monotonic() - start >= self.opts.idle_timeout:
                     break
-                time.sleep(self.opts.poll)
+                time.sleep(readiness.pause(self.opts.poll, time.monotonic() - asked))
             waited = time.monotonic() - start
             if left == 0:
                 step.evidence = [f"{inst.unit}: 0 requests running or waiting after {waited:.1f}s"]
@@ -469,11 +472,14 @@ class HostCycle:
                                                           "of the load balancer, or raise --idle-timeout"))
         return waited
 
-    def _stop_unit(self, unit: str, inst: InstancePlan | None, drained: float) -> None:
+    def _stop_unit(self, unit: str, inst: InstancePlan | None, drained: float,
+                   gpu_units: list[str]) -> str | None:
+        """Stop the unit; with `gpu_units`, the output of the GPU reading taken right after (else None)."""
         self.fleet.progress(self.plan.name, f"stopping {unit}")
         with self._phase(f"stop {unit}", "stop", [unit]) as step:
             audit = {**self.audit("stop"), "unit": unit, "drained_seconds": round(drained, 1)}
-            stopped = rolling.parse_stop(self.session.run(rolling.stop_command(unit, audit)).text)
+            out = self.session.run(rolling.stop_command(unit, audit, gpu_units)).text
+            stopped = rolling.parse_stop(out)
             step.changed = True
             step.evidence = [f"{unit}: {stopped.state or 'stopped'}"]
             if stopped.killed:
@@ -482,30 +488,30 @@ class HostCycle:
                     "stop", "warn", f"{unit}: the process did not stop within TimeoutStopSec and was killed "
                     "(SIGKILL): requests still in flight were cut", instance=unit.removesuffix(".service"),
                     fix="raise vllm_drain_timeout if requests need longer to finish"))
+        # A host whose output lacks the reading (a wrapper that cut it short) is asked again on its own.
+        return out if gpu_units and f"{MARK}gpus" in out else None
 
-    def _gpus_free(self, group: list[InstancePlan], after_stop: bool = True) -> gpurelease.Release:
-        """Wait until every GPU of the group is free; a holder still there at the timeout fails, named by PID."""
+    def _gpus_free(self, group: list[InstancePlan], first: str | None = None) -> gpurelease.Release:
+        """Wait until every GPU of the group is free; a holder still there at the timeout fails, named by PID.
+        `first`: the output of a reading taken already (the stop's), judged before any new one is asked."""
         start = time.monotonic()
         gpus = sorted({g for i in group for g in i.gpus})
         self.fleet.progress(self.plan.name, f"waiting for GPU(s) {','.join(map(str, gpus))} to be released")
         name = " ".join(i.unit for i in group)
         with self._phase(f"gpu release {name}", "gpu-release", [unit_of(i) for i in group]) as step:
-            free_since: float | None = None
             while True:
-                verdict = self._gpu_reading(group, gpus)
+                asked = time.monotonic()
+                # One reading that is free is enough: it is taken after the stop returned, when systemd saw every
+                # process of the unit exit, and the driver frees an exited process's memory asynchronously
+                # (unsloth PR #5693) but within 0.05 s (measured on an H200); memory not back yet reads as held,
+                # and the next reading follows as soon as the host answers.
+                verdict = self._gpu_reading(group, gpus, first)
+                first = None
                 now = time.monotonic()
-                if verdict.free:
-                    # After a stop, two readings in a row: the driver frees memory asynchronously (unsloth PR
-                    # #5693). Before a first start one is enough: nothing of ours was letting go.
-                    if free_since is not None or not after_stop:
-                        break
-                    free_since = now
-                else:
-                    free_since = None
                 # Not cut short by Ctrl-C: the instance is stopped, and starting it again needs free GPUs.
-                if now - start >= self.opts.gpu_timeout:
+                if verdict.free or now - start >= self.opts.gpu_timeout:
                     break
-                time.sleep(self.opts.poll)
+                time.sleep(readiness.pause(self.opts.poll, now - asked))
             step.evidence = [f"GPU(s) {','.join(map(str, gpus))}: {verdict.describe()} after {now - start:.1f}s"]
             if not verdict.free:
                 step.status = StepStatus.FAILED
@@ -518,10 +524,10 @@ class HostCycle:
                     + " (the instance stays stopped: a start now would fail vLLM's free-memory check)")
         return verdict
 
-    def _gpu_reading(self, group: list[InstancePlan], gpus: list[int]) -> gpurelease.Release:
+    def _gpu_reading(self, group: list[InstancePlan], gpus: list[int], text: str | None = None) -> gpurelease.Release:
         units = [unit_of(i) for i in group]
         try:
-            reading = rolling.parse_gpus(self.session.run(rolling.gpu_command(units)).text)
+            reading = rolling.parse_gpus(self.session.run(rolling.gpu_command(units)).text if text is None else text)
         except CheckInputError as exc:
             raise RemoteError(Failure.COMMAND, f"nvidia-smi output unusable: {exc.message}",
                               where=self.plan.name) from None
@@ -556,19 +562,28 @@ class HostCycle:
 
     def _ready(self, group: list[InstancePlan], launched: dict[str, converge.Started],
                rolled_back: bool = False) -> list[InstancePlan]:
-        """Readiness watch, then every instance check; the instances that failed (the result says why)."""
+        """Readiness watch of each instance, its checks run once it serves (inside the stability window, which
+        goes on meanwhile), then the SLO gate; the instances that failed (the result says why)."""
         plan, result = self.plan, self.result
         budget = self.opts.health_timeout or plan.tuning.startup_budget
         stable = self.opts.stable if self.opts.stable is not None else plan.tuning.stable_seconds
         failed: list[InstancePlan] = []
         for inst in group:
             self.fleet.progress(plan.name, f"waiting for {inst.unit} to become ready")
+            checked: list[bool] = []  # whether its checks passed, once they ran
+
+            def check(inst: InstancePlan = inst, checked: list[bool] = checked) -> bool:
+                # Once the run is stopped nothing is verified: the rollout says so (go's caller).
+                checked.append(self.fleet.abort.is_set() or not self._checks([inst], rolled_back))
+                return checked[-1]
+
             # Loading began with the start; it ends where the instance first served, the stability window and
             # the checks are "ready".
             with self._phase(f"ready {inst.unit}", "ready", [unit_of(inst)], since=self.started_at) as step:
                 watched = self.timeline.now()
                 ready = readiness.watch(self.session, plan, inst, started=launched[unit_of(inst)], budget=budget,
-                                        exp=self.exp, abort=self.fleet.abort, stable=stable, poll=self.opts.poll)
+                                        exp=self.exp, abort=self.fleet.abort, stable=stable, poll=self.opts.poll,
+                                        on_serving=check)
                 step.evidence, step.restored = [ready.summary], rolled_back
                 if ready.healthy_after is not None:
                     step.healthy = watched + ready.healthy_after
@@ -576,16 +591,17 @@ class HostCycle:
                     step.status = StepStatus.FAILED
             if ready.status != "ready":
                 failed.append(inst)
-                if not rolled_back:
+                if not rolled_back and checked != [False]:  # failed checks failed the result themselves
                     result.fail(Status.FAILED, ready.summary,
                                 " · ".join(x for x in (ready.cause, ready.fix) if x) or None)
                     result.evidence = ready.evidence
-        ok = [i for i in group if i not in failed]
-        if ok and not self.fleet.abort.is_set():
-            failed += self._checks(ok, rolled_back)
+        passed = [i for i in group if i not in failed]
+        if self.gate is not None and not rolled_back and passed and not self.fleet.abort.is_set():
+            failed += self._slo_gate(passed, self.gate)
         return failed
 
     def _checks(self, insts: list[InstancePlan], rolled_back: bool) -> list[InstancePlan]:
+        """Every instance check of `insts` (one command); those that failed (the result failed with them)."""
         plan, result = self.plan, self.result
         units = [unit_of(i) for i in insts]
         requests = [r for i in insts for r in requests_for(plan, i, self.exp)]
@@ -603,9 +619,6 @@ class HostCycle:
                                     + "; ".join(c.summary for c in bad))
             if failed:
                 step.status = StepStatus.FAILED
-        passed = [i for i in insts if i not in failed]
-        if self.gate is not None and not rolled_back and passed:
-            failed += self._slo_gate(passed, self.gate)
         return failed
 
     # -- the SLO gate --------------------------------------------------------------------------------

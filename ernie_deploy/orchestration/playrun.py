@@ -17,6 +17,10 @@ ends the run with no vLLM host touched, as it stops `deploy`.
 A `bench` task benches each instance as `ernie-deploy bench` does (the hosts' vllm_bench_* workload and vllm_slo_*
 SLOs, the task's `workload:` and `slo:` over them); with `gate: false` an SLO missed is a warning, not a failure.
 Rolling and restart tasks gate their canary batch on the SLOs (`slo_gate`, default true) as deploy does.
+
+A `watch` task is `ernie-deploy watch` over the play's hosts (orchestration/watch.py): each host's result is its
+end state (failed when an instance of it is not healthy at the end, or a restart of it failed; changed when the
+watchdog restarted one), with its instances' last progress and every restart decision as evidence.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ernie_deploy.checks.expectations import Expectations
+from ernie_deploy.errors import DeployError
 from ernie_deploy.inventory.inventory import Host, Inventory
 from ernie_deploy.orchestration import audit, hooks
 from ernie_deploy.orchestration.balancers import BalancerControl, Balancers
@@ -45,6 +50,7 @@ from ernie_deploy.orchestration.rollout import Report, RolloutOptions
 from ernie_deploy.orchestration.snapshot import SnapshotOptions, down, take
 from ernie_deploy.orchestration.transport import Connector, Progress
 from ernie_deploy.orchestration.verify import KINDS, Verifier
+from ernie_deploy.orchestration.watch import Watcher, WatchOptions, restart_options
 from ernie_deploy.planning.balancer import GROUP, BalancerPlan, render_balancer, split_hosts
 from ernie_deploy.planning.plan import PlanContext
 from ernie_deploy.planning.provisioning import parse_rate
@@ -342,6 +348,31 @@ class PlaybookRunner:
         if not ok and self.stopped_by is None:
             self.ended = f"task {task.name!r} was not confirmed"
 
+    def _watch(self, play: Play, task: Task, hosts: list[Host], record: TaskRun, fleet: Fleet) -> None:
+        gate = SloGate(enabled=True)  # a watchdog's restart is gated as a restart task's is by default
+        restart = restart_options(self._label(task), CycleOptions(balancers=self.options.balancers,
+                                                                  balancer_plans=self.options.balancer_plans),
+                                  forks=self.options.forks, lock_wait=self.options.lock_wait,
+                                  known_hosts=self.options.known_hosts, templates=self.options.templates,
+                                  balancer_hosts=self.options.balancer_hosts, slo_gate=gate)
+        options = WatchOptions(seconds=task.number("for"), every=task.number("every"),
+                               restart_stalled=task.flag("restart_stalled"), restart=restart)
+        try:
+            report = Watcher(self.ctx, fleet, options).run(hosts)
+        except DeployError as exc:  # a bad vllm_progress_* variable (play vars too): said before any host is read
+            where = f"{exc.where}: " if exc.where else ""
+            record.results = [HostResult(h.name, Status.FAILED, f"not watched: {where}{exc.message}", exc.hint)
+                              for h in hosts]
+            return
+        last = report.rounds[-1].seen if report.rounds else []
+        for r in report.results:
+            r.evidence += [f"{s.unit}: {s.state} at the end: {s.progress.evidence}" for s in last if s.host == r.host]
+            r.evidence += [f"round {d.round}: {d.unit}: {d.outcome}: {d.message}" for d in report.decisions
+                           if d.host == r.host]
+            if r.status is Status.OK and any(d.host == r.host and d.outcome == "restarted" for d in report.decisions):
+                r.status = Status.CHANGED
+        record.results = report.results
+
     def _label(self, task: Task) -> str:
         """What the audit log and hooks see as the command."""
         return f"{self.options.command} ({task.name})"
@@ -393,6 +424,6 @@ HANDLERS: dict[str, Handler] = {
     "provision": PlaybookRunner._provision, "plan": PlaybookRunner._plan, "converge": PlaybookRunner._converge,
     "rolling": PlaybookRunner._rolling, "restart": PlaybookRunner._restart, "wait_ready": PlaybookRunner._wait_ready,
     "verify": PlaybookRunner._verify, "gpu_check": PlaybookRunner._gpu_check, "bench": PlaybookRunner._bench,
-    "hook": PlaybookRunner._hook,
+    "watch": PlaybookRunner._watch, "hook": PlaybookRunner._hook,
     "pause": PlaybookRunner._pause, "command": PlaybookRunner._command,
 }

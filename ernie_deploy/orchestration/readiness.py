@@ -126,25 +126,50 @@ def step(state: State, obs: Observation, spec: Spec) -> Readiness | Wait:
     return Wait(ask_serving=state.ready_since is None)
 
 
+# The shortest pause between polls: a host that answers in a few milliseconds is not asked more than ten times a
+# second (each poll starts a shell, systemctl, journalctl and the host's python3 for the HTTP requests).
+MIN_PAUSE = 0.1
+
+
+def pause(poll: float, took: float) -> float:
+    """Seconds to wait before the next poll: as long as the last one took (a host that answers fast is asked
+    again soon, a loaded one is not asked harder), at least MIN_PAUSE and at most `poll`."""
+    return min(poll, max(MIN_PAUSE, took))
+
+
 def watch(session: Transport, plan: HostPlan, inst: InstancePlan, *, started: Started, budget: float,
           stable: float = 3.0, poll: float = 0.5, exp: Expectations | None = None,
           abort: threading.Event | None = None, clock: Callable[[], float] = time.monotonic,
-          sleep: Callable[[float], None] = time.sleep) -> Readiness:
+          sleep: Callable[[float], None] = time.sleep, on_serving: Callable[[], bool] | None = None) -> Readiness:
+    """Poll until a verdict. `on_serving` runs once, when the instance first serves (its checks): inside the
+    stability window, which goes on meanwhile, instead of after it; False from it ends the watch as failed (it
+    said why)."""
     exp = exp or Expectations()
     unit = f"{inst.unit}.service"
     spec = Spec(inst.unit, instance_context(inst, plan.model.num_attention_heads if plan.model else None),
                 budget, stable)
     state = State(started=clock(), invocation=started.invocation, restarts=started.restarts)
-    ask_serving = True
+    ask_serving, checked = True, on_serving is None
     while True:
+        asked = clock()
         requests = requests_for(plan, inst, exp, serving=ask_serving)
         probe = parse(session.run(watch_command(unit, invocation=state.invocation, cursor=state.cursor,
                                                 requests=requests, api_key=api_key(plan))).text)
         health = http.missing(probe.http, request_id(inst, "health"))
-        verdict = step(state, Observation(clock(), probe.unit(unit), health,
+        at = clock()
+        verdict = step(state, Observation(at, probe.unit(unit), health,
                                           serves(plan, inst, probe.http) if ask_serving and health else None,
                                           aborted=abort is not None and abort.is_set()), spec)
+        if state.ready_since is not None and not checked and (isinstance(verdict, Wait) or verdict.status == "ready"):
+            checked = True
+            assert on_serving is not None
+            if not on_serving():
+                return Readiness("failed", f"{inst.unit}: its checks failed once it served", journal=state.journal,
+                                 seconds=clock() - state.started, healthy_after=state.ready_since - state.started)
         if isinstance(verdict, Readiness):
             return verdict
         ask_serving = verdict.ask_serving
-        sleep(poll)
+        wait = pause(poll, at - asked)
+        if state.ready_since is not None:  # the window ends between two polls: be there when it does
+            wait = min(wait, max(0.0, state.ready_since + stable - clock()))
+        sleep(wait)

@@ -1,6 +1,9 @@
-"""`status`: what really runs on each host against the plan, read in one round trip, changing nothing.
+"""`status`: what really runs on each host against the plan, read in one round trip (and one more for the
+progress of its serving instances), changing nothing.
 
-Per instance: systemd's state, uptime, restarts, /health, the vLLM its process runs. Per host: that vLLM and
+Per instance: systemd's state, uptime, restarts, /health, the vLLM its process runs, and whether it makes
+progress (two /metrics readings a window apart: stalled, stuck or unreadable is a problem, docs/progress.md;
+only an instance with work costs the wait). Per host: that vLLM and
 the installed one, the current release (the kept release whose files are the installed ones), the last change
 in the audit log, the deploy lock. And drift, each with its fix: managed files that differ from the rendered
 ones; unit files systemd has not reloaded (NeedDaemonReload); a main process whose command line is not the
@@ -25,10 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
+from ernie_deploy.checks.progress import Progress
 from ernie_deploy.orchestration.balancers import ServerStat
 from ernie_deploy.orchestration.cycle import unit_of
 from ernie_deploy.orchestration.details import Drift, StatusReport
 from ernie_deploy.orchestration.fleet import Fleet, HostRun
+from ernie_deploy.orchestration.progress import host_thresholds, read_serving
 from ernie_deploy.orchestration.results import HostResult, Status
 from ernie_deploy.orchestration.snapshot import Snapshot, SnapshotOptions, take
 from ernie_deploy.orchestration.transport import RemoteHost
@@ -114,6 +119,9 @@ def drifts(host: str, snap: Snapshot, seen: HostStatus) -> list[Drift]:
     return out
 
 
+# The drift kind of an instance that serves but makes no progress (docs/progress.md).
+PROGRESS = "progress"
+
 # One command breaks every lock whose holder is gone, on all hosts at once (lock_state refuses the others).
 BREAK_ALL = "ernie-deploy lock -i INV --break"
 
@@ -160,6 +168,7 @@ def report_of(host: str, snap: Snapshot, seen: HostStatus) -> StatusReport:
             "vllm": (facts.running[unit].version or "?") if unit in facts.running else None,
             "serving": converge.serving_problem(unit, facts, stable) is None,
             "problem": converge.serving_problem(unit, facts, stable),
+            "progress": None,  # read once the snapshot says which instances serve: StatusReader._host
             "balancers": {}})  # filled once the balancers are read: StatusReader.run
     now = releases.current(seen.releases, facts.files)
     report.release = now.id if now else None
@@ -302,11 +311,29 @@ def rotation_drift(plan: BalancerPlan, name: str, stat: ServerStat, backend: Bal
                  f"configuration is current: {DEPLOY_BALANCERS}")
 
 
+def progress_drift(unit: str, progress: Progress) -> Drift:
+    """A serving instance that makes no progress (stalled, stuck) or whose /metrics cannot be read."""
+    return Drift(PROGRESS, unit, f"{unit}: {progress.state}: {progress.evidence}", progress.fix or "")
+
+
+def add_progress(report: StatusReport, found: Mapping[str, Progress]) -> None:
+    """Each instance row's progress (None: not read, as it does not serve), and the drift of those unhealthy."""
+    for inst in report.instances:
+        progress = found.get(inst["unit"].removesuffix(".service"))
+        inst["progress"] = progress.to_json() if progress is not None else None
+        if progress is not None and not progress.healthy():
+            report.drift.append(progress_drift(inst["unit"], progress))
+
+
 def judge(result: HostResult, report: StatusReport) -> None:
-    if report.drift:
+    """Failed on drift or on an instance that makes no progress (exit 2 either way, as verify's progress check)."""
+    sick = [d for d in report.drift if d.kind == PROGRESS]
+    drift = [d for d in report.drift if d.kind != PROGRESS]
+    if drift or sick:
         result.status = Status.FAILED
-        result.message = f"{len(report.drift)} drift(s) from the plan"
-        result.hint = f"ernie-deploy deploy -i INV --limit {result.host}"
+        result.message = "; ".join([*([f"{len(sick)} instance(s) making no progress"] if sick else []),
+                                    *([f"{len(drift)} drift(s) from the plan"] if drift else [])])
+        result.hint = f"ernie-deploy deploy -i INV --limit {result.host}" if drift else sick[0].fix
     else:
         serving = sum(1 for i in report.instances if i["serving"])
         result.message = f"no drift; {serving} of {len(report.instances)} instance(s) serving"
@@ -349,10 +376,15 @@ class StatusReader:
         return self.results
 
     def _host(self, run: HostRun[None]) -> None:
+        th = host_thresholds(run)
+        if th is None:
+            return
         snap = take(self.fleet, run, self.ctx, self.templates, SnapshotOptions(extra=status_script()))
         if snap is None:
             return
         report = report_of(run.host.name, snap, parse(snap.text))
+        serving = [i for i, row in zip(snap.plan.instances, report.instances, strict=True) if row["serving"]]
+        add_progress(report, read_serving(self.fleet, run, snap.plan, serving, th))
         run.result.detail = report
         judge(run.result, report)
 

@@ -1,7 +1,8 @@
 """What orchestration needs of a host connection: run a typed command, count, close.
 
-The SSH session (remote/ssh.py) is the production transport; tests use a scripted fake that answers by
-the command's operation.
+The SSH session (remote/ssh.py) is the production transport, and remote/local.py's session the one for a
+host with `ansible_connection: local` (this machine, no SSH); tests use a scripted fake that answers by the
+command's operation.
 """
 
 from __future__ import annotations

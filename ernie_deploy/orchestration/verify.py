@@ -1,9 +1,11 @@
 """`verify`: every check on running services, without restarting anything.
 
-Per host two commands: the facts (read-only snapshot), then one probe of all its instances (systemd, this
-invocation's journal, nvidia-smi, the process tree, and the HTTP answers the host itself got); then the
-pure checks. Under `--check` (a playbook's check mode starts nothing) it probes nothing and says, per instance,
-what it would check: judging services check mode never started would fail every fresh host.
+Per host three commands: the facts (read-only snapshot), then one probe of all its instances (systemd, this
+invocation's journal, nvidia-smi, the process tree, and the HTTP answers the host itself got), then the pure
+checks; then one read of the serving instances' progress (two /metrics readings a window apart, the second only
+for an instance with work: orchestration/progress.py), a `progress` check each (docs/progress.md). Under
+`--check` (a playbook's check mode starts nothing) it probes nothing and says, per instance, what it would check:
+judging services check mode never started would fail every fresh host.
 
 With `bench` (`verify --bench`), each instance whose checks passed is then benched with vLLM's `vllm bench serve`
 (the host's inventory workload, one instance after another, orchestration/bench.py): the bench is a check, and so
@@ -18,10 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from ernie_deploy.checks.expectations import Expectations
+from ernie_deploy.checks.progress import Thresholds, progress_check
 from ernie_deploy.checks.result import CheckResult
 from ernie_deploy.orchestration.bench import InstanceBench, bench_check, bench_instance
 from ernie_deploy.orchestration.fleet import Fleet, FleetOptions, HostRun
 from ernie_deploy.orchestration.instancecheck import api_key, instance_checks, requests_for
+from ernie_deploy.orchestration.progress import host_thresholds, read_serving
 from ernie_deploy.orchestration.results import HostResult, Status
 from ernie_deploy.orchestration.snapshot import Snapshot, SnapshotOptions, take
 from ernie_deploy.orchestration.steps import StepStatus
@@ -55,14 +59,16 @@ def drift_checks(snap: Snapshot) -> list[CheckResult]:
     return out
 
 
-# What each family of checks judges (instancecheck.py runs them); `would_check` names them per instance.
-KINDS = ("systemd", "startup_log", "http", "gpus", "drift")
+# What each family of checks judges (instancecheck.py runs them, and orchestration/progress.py reads progress);
+# `would_check` names them per instance.
+KINDS = ("systemd", "startup_log", "http", "gpus", "progress", "drift")
 
 
 def would_check(plan: HostPlan, exp: Expectations, kinds: Sequence[str] = KINDS,
-                bench: BenchSpec | None = None) -> list[str]:
+                bench: BenchSpec | None = None, th: Thresholds | None = None) -> list[str]:
     """What verify would judge on this host, one line per instance and family (and the bench, with `bench`), said
-    without asking the host."""
+    without asking the host; `th`: the progress thresholds (the defaults when None)."""
+    th = th or Thresholds()
     out = []
     for inst in plan.instances:
         said = {
@@ -77,6 +83,8 @@ def would_check(plan: HostPlan, exp: Expectations, kinds: Sequence[str] = KINDS,
                     f"{inst.served_model_name!r}, one {'streamed ' if exp.stream else ''}completion",
             "gpus": f"GPUs {', '.join(map(str, inst.gpus))}: present, held by its processes only, memory and "
                     "utilisation balanced",
+            "progress": "progress: /metrics readable; with requests running, tokens come out within "
+                        f"{th.window_s:g}s; a waiting queue does not grow while nothing runs",
         }
         out += [f"{inst.unit}: {said[k]}" for k in kinds if k in said]
         if bench is not None:
@@ -114,6 +122,9 @@ class Verifier:
 
     def _host(self, run: HostRun[None]) -> None:
         result = run.result
+        th = host_thresholds(run)
+        if th is None:
+            return
         snap = take(self.fleet, run, self.ctx, self.templates, SnapshotOptions(render=False))
         if snap is None:
             if result.message.startswith("the plan has errors"):
@@ -125,7 +136,7 @@ class Verifier:
             with self.fleet.step(run, "checks") as step:
                 step.status = StepStatus.WOULD_CHECK
                 spec = None if self.bench is None else spec_from_plan(plan, self.bench)
-                result.evidence = would_check(plan, self.expectations, self.kinds, spec)
+                result.evidence = would_check(plan, self.expectations, self.kinds, spec, th)
             result.message = (f"check mode: would run {len(result.evidence)} group(s) of checks on "
                               f"{len(plan.instances)} instance(s)")
             return
@@ -140,6 +151,7 @@ class Verifier:
                 result.checks += instance_checks(plan, inst, seen, self.expectations)
             result.checks += drift_checks(snap)
             step.status = StepStatus.FAILED if any(c.status == "fail" for c in result.checks) else StepStatus.OK
+        self._progress(run, plan, th)
         if self.bench is not None:
             self._bench(run, plan)
         failed = [c for c in result.checks if c.status == "fail"]
@@ -148,6 +160,19 @@ class Verifier:
         warnings = f", {len(warned)} warning(s)" if warned else ""
         result.message = (f"{len(failed)} of {len(result.checks)} checks failed" if failed else
                           f"all {len(result.checks)} checks passed{warnings}")
+
+    def _progress(self, run: HostRun[None], plan: HostPlan, th: Thresholds) -> None:
+        """The progress check of each instance that serves (/health 200); one that does not already fails its
+        HTTP check, and has no /metrics to read."""
+        result = run.result
+        healthy = {c.instance for c in result.checks if c.name == "http_health" and c.status == "pass"}
+        serving = [i for i in plan.instances if i.unit in healthy]
+        found = read_serving(self.fleet, run, plan, serving, th)
+        for inst in plan.instances:
+            if inst.unit in found:
+                result.checks.append(progress_check(inst.unit, found[inst.unit]))
+            else:
+                result.evidence.append(f"{inst.unit}: progress not read: it does not serve (its checks say why)")
 
     def _bench(self, run: HostRun[None], plan: HostPlan) -> None:
         """Bench each instance whose checks passed, one after another; the bench and its verdicts become checks."""

@@ -14,11 +14,13 @@ def say_plan_errors(hosts: Sequence[str]) -> None:
                   "fixes)")
 
 
-def show_export(output: Path, hosts: Sequence[str], files: Sequence[str], *, json: bool) -> None:
-    """`files`: the paths written, relative to `output`."""
+def show_export(output: Path, hosts: Sequence[str], files: Sequence[str], *, json: bool,
+                next_step: str | None = None) -> None:
+    """`files`: the paths written, relative to `output`; `next_step`: what to run (default: the Ansible play)."""
     if json:
         console.print_json({"schema": EXPORT_SCHEMA, "output": str(output), "hosts": list(hosts),
                             "files": list(files)})
         return
     console.out.print(f"wrote {len(files)} files for {len(hosts)} host(s) to {output}", markup=False)
-    console.out.print(f"next: cd {output} && ansible-playbook site.yml -e @vault.yml (see README.md)", markup=False)
+    console.out.print(next_step or f"next: cd {output} && ansible-playbook site.yml -e @vault.yml (see README.md)",
+                      markup=False)

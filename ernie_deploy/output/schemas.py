@@ -12,6 +12,9 @@ RELEASES_SCHEMA = "ernie-deploy/releases/v2"  # v2: each release's "failed" reco
 # facts v2: each host's driver check against its vLLM (docs/drivers.md); v3: the vLLM each running process uses
 FACTS_SCHEMA = "ernie-deploy/facts/v3"
 RUN_SCHEMA = "ernie-deploy/run/v1"
-STATUS_SCHEMA = "ernie-deploy/status/v3"  # v2: the vLLM the processes run, and the installed one; v3: balancers
+# status v2: the vLLM the processes run, and the installed one; v3: balancers; v4: each instance's "progress"
+# (state, healthy, evidence, fix, the readings; null when it does not serve), and drift of kind "progress"
+STATUS_SCHEMA = "ernie-deploy/status/v4"
 BENCH_SCHEMA = "ernie-deploy/bench/v1"  # per instance: workload, results, SLO verdicts, vLLM's raw result
 CALIBRATE_SCHEMA = "ernie-deploy/calibrate/v1"  # per canary: candidates, measurements, winner, restore
+WATCH_SCHEMA = "ernie-deploy/watch/v1"  # rounds (instances' progress, restart decisions), end state (docs/watch.md)

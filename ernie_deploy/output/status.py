@@ -1,5 +1,6 @@
-"""What `status` and `logs` print: each host's instances (with their servers' state on each balancer) and drift
-with fixes, each balancer's row (or the status JSON), and an instance's journal lines."""
+"""What `status` and `logs` print: each host's instances (with their progress and their servers' state on each
+balancer) and drift with fixes (an instance making no progress among them), each balancer's row (or the status
+JSON), and an instance's journal lines."""
 
 from __future__ import annotations
 
@@ -41,13 +42,19 @@ def show_status(results: Sequence[HostResult], reports: Mapping[str, StatusRepor
             up = f"up {inst['uptime_s']:.0f}s" if inst["uptime_s"] is not None else "not up"
             runs = f" vLLM {inst['vllm']}" if inst.get("vllm") else ""
             _line(f"    {inst['unit']}: {inst['state']} pid {inst['pid']}{runs} {up} restarts {inst['restarts']} "
-                  f"health {inst['health'] or '-'} (GPUs {','.join(map(str, inst['gpus']))}, port {inst['port']})")
+                  f"health {inst['health'] or '-'} progress {_progress(inst.get('progress'))} "
+                  f"(GPUs {','.join(map(str, inst['gpus']))}, port {inst['port']})")
             if inst["balancers"]:
                 _line("      balancers: " + ", ".join(f"{lb} {_server_state(seen, verbose)}"
                                                       for lb, seen in inst["balancers"].items()))
         _drift(report.drift)
     for b in lbs.values():
         _balancer(b, verbose)
+
+
+def _progress(seen: Mapping[str, Any] | None) -> str:
+    """An instance's progress state; an unhealthy one's evidence and fix are its drift lines. Not read: "-"."""
+    return "-" if seen is None else str(seen["state"])
 
 
 def _line(text: str) -> None:

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ernie_deploy.checks.progress import VARIABLES as PROGRESS_VARIABLES
+from ernie_deploy.checks.progress import thresholds_of
 from ernie_deploy.errors import InventoryError
 
 
@@ -244,8 +246,10 @@ def inventory_settings(host_vars: Mapping[str, Any], where: str) -> dict[str, An
     values of the wrong type or out of range."""
     found: dict[str, Any] = {}
     problems: list[InventoryError] = []
-    known = [f"vllm_{n}" for n in (*SETTING_TYPES, *BALANCER_TYPES, *BENCH_TYPES)]
+    known = [f"vllm_{n}" for n in (*SETTING_TYPES, *BALANCER_TYPES, *BENCH_TYPES)] + list(PROGRESS_VARIABLES)
     for var, value in host_vars.items():
+        if var in PROGRESS_VARIABLES:
+            continue  # checked together below: the watchdog's thresholds (checks/progress.py)
         if not var.startswith("vllm_"):
             close = difflib.get_close_matches(var, [v for v in REQUIRED_VARS if v not in host_vars], n=1, cutoff=0.8)
             if close:
@@ -270,6 +274,10 @@ def inventory_settings(host_vars: Mapping[str, Any], where: str) -> dict[str, An
             found[name] = check_type(name, value, where)
         except InventoryError as exc:
             problems.append(exc)
+    try:
+        thresholds_of(where, host_vars)
+    except InventoryError as exc:
+        problems.append(exc)
     raise_all(problems, where)
     return found
 

@@ -44,6 +44,24 @@ _ROLL = {
     "slo_gate": Arg(bool, "bench the canary batch against the hosts' SLOs (vllm_slo_*) after its checks; a miss fails "
                           "it like a failed start", True),
 }
+# A watch's bounds (the `watch` command and task): how long it may run in all, and the shortest pause between
+# the starts of two rounds (each round reads every instance's /metrics twice, a progress window apart).
+WATCH_MAX_SECONDS = 86400.0
+WATCH_MIN_EVERY = 1.0
+
+
+def watch_problem(seconds: float, every: float) -> tuple[str, str, str] | None:
+    """Why a watch's `for` / `every` are out of bounds, as (which of the two, what is wrong, the fix); None when
+    they are fine."""
+    if not 0 < seconds <= WATCH_MAX_SECONDS:
+        return ("for", f"must be above 0 and at most {WATCH_MAX_SECONDS:g} seconds, got {seconds:g}",
+                "watch for the seconds you mean, e.g. 60 (a day at most: run it again, or from a timer, for longer)")
+    if not WATCH_MIN_EVERY <= every <= WATCH_MAX_SECONDS:
+        return ("every", f"must be at least {WATCH_MIN_EVERY:g} and at most {WATCH_MAX_SECONDS:g} seconds, got "
+                f"{every:g}", "start a round every few seconds, e.g. 10")
+    return None
+
+
 # A bench task's `workload:` and `slo:` keys: the vllm_bench_* and vllm_slo_* variables without their prefix.
 BENCH_PARTS = {"workload": "bench_", "slo": "slo_"}
 
@@ -69,6 +87,11 @@ ACTIONS: dict[str, Action] = {
                      "gate": Arg(bool, "an SLO missed fails the task (false: the verdicts are warnings)", True),
                      "instance": Arg((int, str), "only this instance of each host: its index or unit name")},
                     runs_in_check=False),
+    "watch": Action({"for": Arg(NUMBER, "seconds to keep watching (at most a day)", 60.0),
+                     "every": Arg(NUMBER, "seconds between the starts of two rounds (at least 1)", 10.0),
+                     "restart_stalled": Arg(bool, "restart a stalled or stuck instance through the restart cycle, "
+                                                  "one at a time, never the last serving one of its model", False)},
+                    changes_hosts=True, runs_in_check=False),
     "hook": Action({"run": Arg(str, "the command, run with /bin/sh -c on the controller", required=True),
                     "timeout": Arg(NUMBER, "seconds before it is killed", 60.0),
                     "once": Arg(bool, "run once for the play instead of once per host", False)},

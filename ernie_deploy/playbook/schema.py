@@ -17,7 +17,7 @@ from ernie_deploy.checks.expectations import Expectations
 from ernie_deploy.errors import ConfigError, DeployError
 from ernie_deploy.planning.batches import SerialItem, parse_percentage, parse_serial
 from ernie_deploy.planning.settings import BENCH_TYPES, check_type
-from ernie_deploy.playbook.actions import ACTIONS, BENCH_PARTS, NUMBER, STRINGS
+from ernie_deploy.playbook.actions import ACTIONS, BENCH_PARTS, NUMBER, STRINGS, watch_problem
 from ernie_deploy.playbook.yamlmarks import Marked, load
 
 TASK_KEYS = {"name", "tags"}
@@ -266,6 +266,11 @@ def _task(doc: Marked, key: str, item: Any, play_tags: frozenset[str]) -> Task:
     if action == "bench":
         for part, prefix in BENCH_PARTS.items():
             _bench_part(doc, f"{key}.bench.{part}", checked.get(part, {}), prefix)
+    if action == "watch":
+        bounds = watch_problem(float(checked.get("for", spec["for"].default)),
+                               float(checked.get("every", spec["every"].default)))
+        if bounds is not None:
+            raise doc.error(f"{key}.watch.{bounds[0]}", bounds[1], hint=bounds[2])
     if action == "pause" and len(checked) != 1:
         raise doc.error(f"{key}.pause", "pause takes exactly one of `seconds:` or `prompt:`")
     name = _expect(doc, f"{key}.name", item.get("name", action), str)

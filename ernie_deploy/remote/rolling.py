@@ -39,6 +39,7 @@ class Stop(Intent):
     op: ClassVar[Op] = Op.STOP
     unit: str
     audit: dict[str, Any]
+    gpu_units: tuple[str, ...] = ()  # then read the GPUs of these units (GpuRelease), in the same round trip
 
     def render(self) -> str:
         q = shlex.quote
@@ -52,11 +53,13 @@ class Stop(Intent):
             f"if [ -n \"$OLD\" ] && journalctl INVOCATION_ID=\"$OLD\" -o cat --no-pager 2>/dev/null | "
             f"grep -q 'timed out. Killing'; then printf '{MARK}killed\\n'; fi",
             audit_line(self.audit),
-        ]) + "\n"
+        ]) + "\n" + (GpuRelease(self.gpu_units).render() if self.gpu_units else "")
 
 
-def stop_command(unit: str, audit: dict[str, Any]) -> Command:
-    return Command(Stop(unit, audit), timeout=3600)
+def stop_command(unit: str, audit: dict[str, Any], gpu_units: Sequence[str] = ()) -> Command:
+    """Stop `unit`; with `gpu_units`, read their GPUs right after it stopped (parse_gpus reads the output): the
+    GPU gate's first reading without a round trip of its own."""
+    return Command(Stop(unit, audit, tuple(gpu_units)), timeout=3600)
 
 
 @dataclass(frozen=True)

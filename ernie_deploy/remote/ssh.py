@@ -10,7 +10,9 @@ every hop's host key is checked by the same rules as the target's.
 
 Commands (remote/command.py) run as `sh -c SCRIPT` (or `sudo -n sh -c SCRIPT` with become); data, secrets
 included, travels on stdin, never on a command line. HTTP probes of an instance run on the host too
-(remote/http.py), so this session is the only way ernie-deploy reaches a host.
+(remote/http.py), so this session is the only way ernie-deploy reaches a host. The one exception uses no
+network at all: a host with `ansible_connection: local` is the controller itself, where remote/local.py runs
+the same commands.
 
 A host that stops answering (frozen, cut off) sends nothing, not even a TCP reset, so a read would wait for
 the command's whole timeout, or longer. While a command runs, the session asks the host for a sign of life
@@ -40,6 +42,7 @@ import paramiko
 from fabric import Config, Connection
 
 from ernie_deploy.errors import DeployError, ExitCode
+from ernie_deploy.inventory.connection import ConnectionType, connection_of
 from ernie_deploy.remote.command import HOST_TIMEOUT, Command
 from ernie_deploy.remote.hostkeys import HostKeyPolicy
 from ernie_deploy.remote.route import Route, route_from_vars
@@ -75,10 +78,16 @@ class Target:
     known_hosts: tuple[str, ...] = ()
     become: bool = False
     route: Route = field(default_factory=Route)
+    # LOCAL: ansible_connection local, the machine ernie-deploy runs on (remote/local.py); no SSH, so port, user,
+    # known_hosts, route and host-key policy do not apply, and become follows the controller's own user.
+    connection: ConnectionType = ConnectionType.SSH
 
     @classmethod
     def from_host(cls, name: str, address: str, port: int, user: str | None, host_vars: Mapping[str, Any],
                   extra_known_hosts: Sequence[str] = ()) -> Target:
+        connection = connection_of(name, host_vars)
+        if connection is ConnectionType.LOCAL:
+            return cls(name=name, address=address, connection=connection)
         files = [str(host_vars["ernie_known_hosts"])] if host_vars.get("ernie_known_hosts") else []
         become = bool(host_vars.get("ansible_become", False)) or (user not in (None, "root"))
         return cls(name=name, address=address, port=port, user=user,
@@ -263,10 +272,7 @@ class Session:
             raise RemoteError(Failure.UNREACHABLE, self.lost, where=self.target.name, hint=self._hint())
         result = RunResult(cmd.label, code, out, err)
         if cmd.check and code != 0:
-            tail = "\n".join(err.decode(errors="replace").strip().splitlines()[-5:])
-            hint = "the host's sudo needs NOPASSWD for this user" if "sudo:" in tail and "password" in tail else None
-            raise RemoteError(Failure.COMMAND, f"{cmd.label} exited {code}: {tail or '(no stderr)'}",
-                              where=self.target.name, hint=hint)
+            raise command_failed(cmd.label, code, err, self.target.name)
         return result
 
     def _quiet(self, quiet: float, limit: float) -> None:
@@ -285,6 +291,13 @@ class Session:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def command_failed(label: str, code: int, stderr: bytes, where: str) -> RemoteError:
+    """The error of a checked command that exited non-zero: the end of its stderr, and the fix for sudo."""
+    tail = "\n".join(stderr.decode(errors="replace").strip().splitlines()[-5:])
+    hint = "the host's sudo needs NOPASSWD for this user" if "sudo:" in tail and "password" in tail else None
+    return RemoteError(Failure.COMMAND, f"{label} exited {code}: {tail or '(no stderr)'}", where=where, hint=hint)
 
 
 def _read_both(chan_out: paramiko.ChannelFile, chan_err: paramiko.ChannelFile) -> tuple[bytes, bytes]:

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -127,6 +129,22 @@ def test_provisioned_real_vllm_passes_every_check_with_real_tp_evidence(
         assert checks["gpu_foreign_processes"]["status"] == "pass", checks["gpu_foreign_processes"]
     apps = real_lab.ssh("real-2", "nvidia-smi --query-compute-apps=process_name --format=csv,noheader").stdout
     assert sorted(apps.split()) == ["VLLM::Worker_TP0", "VLLM::Worker_TP1"]
+
+
+def test_live_metrics_show_the_families_the_data_file_records_for_032(real_lab: Lab, deployed: Path) -> None:
+    """What `export prometheus` checks its rules and dashboard against (data/vllm_metrics/0.32.0.txt, read from the
+    wheel) is what the running real vLLM serves: every vllm:* family on each live page, with its type."""
+    from ernie_deploy.export.prometheus import metric_names
+
+    families = metric_names("0.32.0").families
+    state = real_lab.require_state()
+    for name in PLANNED_TP:
+        with urllib.request.urlopen(f"http://{backend(state, name)}/metrics", timeout=10) as answer:
+            types = re.findall(r"^# TYPE (vllm:\S+) (\S+)$", answer.read().decode(), re.MULTILINE)
+        # A counter's TYPE line names <family>_total, and each family has a <family>_created gauge beside it.
+        page = {n.removesuffix("_total") if k == "counter" else n: k for n, k in types if not n.endswith("_created")}
+        assert {"vllm:num_requests_running", "vllm:generation_tokens", "vllm:kv_cache_usage_perc"} <= set(page)
+        assert {f: families[f].kind for f in page if f in families} == page, name
 
 
 def test_rolling_restart_under_load_through_lb_real_and_the_hooks_loses_no_request(
