@@ -164,3 +164,116 @@ def test_facts_text_names_the_running_vllm_beside_the_installed_one(capsys: pyte
     out = capsys.readouterr().out
     assert "vLLM 0.34.0 running (0.33.0 installed)" in out
     assert "ernie-vllm-0.service: active/running pid 42 vLLM 0.34.0 (/opt/vllm/0.34.0/bin/vllm)" in out
+
+
+def test_vllm_version_is_read_without_starting_the_interpreter_where_the_venv_holds_one(tmp_path: Path) -> None:
+    """A venv's site-packages with one vllm dist-info: the shell reads its METADATA (no Python starts on the host,
+    which on a small host is most of a no-change run); two of them (a broken install): the interpreter decides."""
+    import subprocess
+
+    from ernie_deploy.remote.facts import version_script
+
+    venv, ran = tmp_path / "venv", tmp_path / "ran"
+    site = venv / "lib/python3.12/site-packages"
+    (site / "vllm-0.32.0+cpu.dist-info").mkdir(parents=True)
+    (site / "vllm-0.32.0+cpu.dist-info/METADATA").write_text("Metadata-Version: 2.1\nName: vllm\n"
+                                                              "Version: 0.32.0+cpu\nSummary: x\n")
+    (venv / "bin").mkdir()
+    python = venv / "bin/python3"
+    python.write_text(f"#!/bin/sh\necho started >> {ran}\necho 7.7.7\n")  # stands in for the interpreter
+    python.chmod(0o755)
+    script = venv / "bin/vllm"
+    script.write_text(f"#!{python}\n")
+    out = subprocess.run(["sh", "-c", version_script(str(script))], capture_output=True, text=True).stdout
+    assert out.split() == ["0.32.0+cpu", "rc=0"] and not ran.exists()
+    (site / "vllm-0.31.0.dist-info").mkdir()
+    (site / "vllm-0.31.0.dist-info/METADATA").write_text("Name: vllm\nVersion: 0.31.0\n")
+    out = subprocess.run(["sh", "-c", version_script(str(script))], capture_output=True, text=True).stdout
+    assert out.split() == ["7.7.7", "rc=0"] and ran.read_text() == "started\n"
+
+
+@pytest.mark.parametrize(("gpus", "topo"), [(1, False), (2, True)])
+def test_topology_is_read_only_on_hosts_with_more_than_one_gpu(tmp_path: Path, gpus: int, topo: bool) -> None:
+    import subprocess
+
+    calls = tmp_path / "calls"
+    rows = "".join(f"{i}, NVIDIA A10, GPU-{i}, 23028, 550.54\\n" for i in range(gpus))
+    shim = tmp_path / "nvidia-smi"
+    shim.write_text(f'#!/bin/sh\necho "$1" >> {calls}\ncase "$1" in topo) printf "GPU0 X NV4\\nGPU1 NV4 X\\n";; '
+                    f'*) printf "{rows}";; esac\n')
+    shim.chmod(0o755)
+    out = subprocess.run(["bash", "-c", gather_script(str(tmp_path / "model"), str(tmp_path / "vllm"))],
+                         capture_output=True, text=True, env={"PATH": f"{tmp_path}:/usr/bin:/bin"}).stdout
+    facts = parse_facts(out)
+    assert len(facts.gpus) == gpus
+    assert ("topo" in calls.read_text().split()) is topo
+    assert facts.nvlink is (True if topo else None)
+
+
+def _health_server(status: int) -> tuple[object, int]:
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # as uvicorn answers, also to an HTTP/1.0 request
+
+        def do_GET(self) -> None:
+            self.send_response(status if self.path == "/health" else 404)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, server.server_address[1]
+
+
+def test_health_is_read_by_the_shell_without_starting_python(tmp_path: Path) -> None:
+    """Each unit's /health through bash's /dev/tcp (no Python on the host): its status, a refused connection and
+    an instance that accepts but never answers are each one `UNIT ...` line, as the Python reader prints them;
+    a host without bash gets the Python reader."""
+    import shutil
+    import socket
+    import subprocess
+    import time
+
+    from ernie_deploy.remote.facts import HEALTH_TIMEOUT_S, health_script
+
+    ok, ok_port = _health_server(200)
+    sick, sick_port = _health_server(503)
+    mute = socket.socket()
+    mute.bind(("127.0.0.1", 0))
+    mute.listen()
+    mute_port = mute.getsockname()[1]
+    python = tmp_path / "python3"
+    python.write_text(f"#!/bin/sh\necho started >> {tmp_path / 'ran'}\nexec {shutil.which('python3')} \"$@\"\n")
+    python.chmod(0o755)
+    args = ["a.service", "0.0.0.0", str(ok_port), "b.service", "127.0.0.1", str(sick_port),
+            "c.service", "127.0.0.1", "1", "d.service", "127.0.0.1", str(mute_port)]
+    try:
+        t0 = time.monotonic()
+        out = subprocess.run(["sh", "-c", health_script(), "sh", *args], capture_output=True, text=True, timeout=30,
+                             env={"PATH": f"{tmp_path}:/usr/bin:/bin"}).stdout.splitlines()
+        took = time.monotonic() - t0
+        no_bash = tmp_path / "nobash"
+        no_bash.mkdir()
+        for tool in ("head", "timeout"):
+            (no_bash / tool).symlink_to(shutil.which(tool) or tool)
+        (no_bash / "python3").symlink_to(python)
+        fallback = subprocess.run(["/bin/sh", "-c", health_script(), "sh", *args[:6]], capture_output=True, text=True,
+                                  timeout=30, env={"PATH": str(no_bash)}).stdout.splitlines()
+    finally:
+        ok.shutdown()  # type: ignore[attr-defined]
+        sick.shutdown()  # type: ignore[attr-defined]
+        mute.close()
+    assert out[:3] == ["a.service 200", "b.service 503", "c.service error Connection refused"]
+    assert out[3] == f"d.service error no HTTP status line from 127.0.0.1:{mute_port}" or \
+        out[3] == f"d.service error no answer within {HEALTH_TIMEOUT_S}s"
+    assert len(out) == 4 and took < HEALTH_TIMEOUT_S + 2  # the mute one is given up on, the rest not slowed
+    assert fallback == ["a.service 200", "b.service 503"] and (tmp_path / "ran").read_text() == "started\n"
+    facts = parse_facts("@@ernie-deploy:health\n" + "\n".join(out) + "\n@@ernie-deploy:end\n")
+    assert facts.health == {"a.service": "200", "b.service": "503", "c.service": "error Connection refused",
+                            "d.service": out[3].split(" ", 1)[1]}
+    assert health_script() in gather_script("/m", "/v/bin/vllm")

@@ -73,8 +73,12 @@ def test_a_stalled_instance_fails_its_progress_check_and_verify_exits_2(
     assert "vllm issue #39863" in stalled["cause"]
     assert "ernie-deploy restart -i INV -l a --instance 0" in stalled["fix"]
     assert checks["ernie-vllm-1"]["status"] == "pass" and "is idle" in checks["ernie-vllm-1"]["summary"]
-    # Every other check passed: /health answered 200 all along, only progress tells.
-    assert [c["name"] for c in host["checks"] if c["status"] == "fail"] == ["progress"]
+    # Every other check passed: /health answered 200 all along, only progress tells; the smoke completion is
+    # not sent to the hung engine (it would wait out its 60 s timeout) and fails naming why.
+    assert [c["name"] for c in host["checks"] if c["status"] == "fail"] == ["http_completion", "progress"]
+    (completion,) = [c for c in host["checks"] if c["name"] == "http_completion" and c["status"] == "fail"]
+    assert completion["instance"] == "ernie-vllm-0" and completion["summary"].startswith(
+        "smoke completion not sent: the engine is stalled")
     assert fake.progress_reads == [("ernie-vllm-0", 1), ("ernie-vllm-1", 1), ("ernie-vllm-0", 2)]
 
 

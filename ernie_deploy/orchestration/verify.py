@@ -20,11 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from ernie_deploy.checks.expectations import Expectations
+from ernie_deploy.checks.progress import Progress as InstanceProgress
 from ernie_deploy.checks.progress import Thresholds, progress_check
 from ernie_deploy.checks.result import CheckResult
 from ernie_deploy.orchestration.bench import InstanceBench, bench_check, bench_instance
+from ernie_deploy.orchestration.cycle import unit_of
 from ernie_deploy.orchestration.fleet import Fleet, FleetOptions, HostRun
-from ernie_deploy.orchestration.instancecheck import api_key, instance_checks, requests_for
+from ernie_deploy.orchestration.instancecheck import api_key, instance_checks, request_id, requests_for
 from ernie_deploy.orchestration.progress import host_thresholds, read_serving
 from ernie_deploy.orchestration.results import HostResult, Status
 from ernie_deploy.orchestration.snapshot import Snapshot, SnapshotOptions, take
@@ -34,7 +36,7 @@ from ernie_deploy.planning.bench import BenchSpec, spec_from_plan
 from ernie_deploy.planning.findings import Severity
 from ernie_deploy.planning.hostpaths import local_url
 from ernie_deploy.planning.plan import PlanContext
-from ernie_deploy.planning.plantypes import HostPlan
+from ernie_deploy.planning.plantypes import HostPlan, InstancePlan
 from ernie_deploy.planning.render import environment_for_templates, templates_dir
 from ernie_deploy.remote import probe
 from ernie_deploy.remote.converge import held_gpus
@@ -96,6 +98,20 @@ def would_check(plan: HostPlan, exp: Expectations, kinds: Sequence[str] = KINDS,
     return out
 
 
+def active(snap: Snapshot, inst: InstancePlan) -> bool:
+    """systemd runs the instance's unit, as the facts say: only then has it /metrics worth reading."""
+    state = snap.facts.units.get(unit_of(inst))
+    return state is not None and state.active_state == "active"
+
+
+def not_sent(completion: CheckResult, progress: InstanceProgress) -> CheckResult:
+    """The smoke completion's check for an instance whose engine makes no progress: failed without asking."""
+    return CheckResult(completion.name, "fail", f"smoke completion not sent: the engine is {progress.state} (a "
+                       "request would wait out its timeout; the progress check has the readings)",
+                       instance=completion.instance, cause="requests are accepted but no token is generated",
+                       fix=progress.fix)
+
+
 class Verifier:
     def __init__(self, ctx: PlanContext, connector: Connector, options: FleetOptions,
                  progress: Progress | None = None, expectations: Expectations | None = None,
@@ -141,17 +157,24 @@ class Verifier:
                               f"{len(plan.instances)} instance(s)")
             return
         assert run.session is not None
+        # Progress is read before the probe: a stalled engine would hold the smoke completion for its whole
+        # 60 s timeout, so such an instance is not sent one (its progress check carries the readings).
+        found = read_serving(self.fleet, run, plan, [i for i in plan.instances if active(snap, i)], th)
+        hung = {u for u, p in found.items() if p.state in ("stalled", "stuck")}
         self.fleet.progress(plan.name, "probing instances")
         units = [f"{i.unit}.service" for i in plan.instances]
-        requests = [r for i in plan.instances for r in requests_for(plan, i, self.expectations)]
+        requests = [r for i in plan.instances for r in requests_for(plan, i, self.expectations)
+                    if not (i.unit in hung and r.id == request_id(i, "completion"))]
         with self.fleet.step(run, "probe"):
             seen = probe.parse(run.session.run(probe.host_command(units, requests, api_key(plan))).text)
         with self.fleet.step(run, "checks") as step:
             for inst in plan.instances:
-                result.checks += instance_checks(plan, inst, seen, self.expectations)
+                checks = instance_checks(plan, inst, seen, self.expectations)
+                result.checks += [not_sent(c, found[inst.unit]) if inst.unit in hung and
+                                  c.name == "http_completion" else c for c in checks]
             result.checks += drift_checks(snap)
             step.status = StepStatus.FAILED if any(c.status == "fail" for c in result.checks) else StepStatus.OK
-        self._progress(run, plan, th)
+        self._progress(run, plan, found)
         if self.bench is not None:
             self._bench(run, plan)
         failed = [c for c in result.checks if c.status == "fail"]
@@ -161,15 +184,13 @@ class Verifier:
         result.message = (f"{len(failed)} of {len(result.checks)} checks failed" if failed else
                           f"all {len(result.checks)} checks passed{warnings}")
 
-    def _progress(self, run: HostRun[None], plan: HostPlan, th: Thresholds) -> None:
+    def _progress(self, run: HostRun[None], plan: HostPlan, found: Mapping[str, InstanceProgress]) -> None:
         """The progress check of each instance that serves (/health 200); one that does not already fails its
-        HTTP check, and has no /metrics to read."""
+        HTTP check, and its /metrics reading says nothing more."""
         result = run.result
         healthy = {c.instance for c in result.checks if c.name == "http_health" and c.status == "pass"}
-        serving = [i for i in plan.instances if i.unit in healthy]
-        found = read_serving(self.fleet, run, plan, serving, th)
         for inst in plan.instances:
-            if inst.unit in found:
+            if inst.unit in found and inst.unit in healthy:
                 result.checks.append(progress_check(inst.unit, found[inst.unit]))
             else:
                 result.evidence.append(f"{inst.unit}: progress not read: it does not serve (its checks say why)")

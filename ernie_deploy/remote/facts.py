@@ -36,11 +36,13 @@ def gather_script(model_path: str, vllm_bin: str, user: str = "vllm") -> str:
 {MARK_FUNCTION}
 t=$(mktemp -d) || exit 1
 trap 'rm -rf "$t"' EXIT
-# The slow readers run at once (nvidia-smi initialises the driver, the version and health reads start a
-# Python): the facts take as long as the slowest of them, not their sum.
-{{ nvidia-smi --query-gpu=index,name,uuid,memory.total,driver_version --format=csv,noheader,nounits 2>&1; \\
-  echo "rc=$?"; }} > "$t/gpus" &
-nvidia-smi topo -m > "$t/topo" 2>&1 &
+# The slow readers run at once (nvidia-smi initialises the driver, a /health read waits on its instance): the facts
+# take as long as the slowest of them, not their sum. One GPU has no links to judge: the topology is read only
+# where the GPU query listed more (a process fewer on every single-GPU host).
+{{ {{ nvidia-smi --query-gpu=index,name,uuid,memory.total,driver_version --format=csv,noheader,nounits 2>&1; \\
+  echo "rc=$?"; }} > "$t/gpus"; n=0
+  while IFS= read -r l; do case $l in [0-9]*) n=$((n + 1));; esac; done < "$t/gpus"
+  [ "$n" -lt 2 ] || nvidia-smi topo -m > "$t/topo" 2>&1; }} &
 {{ {version_script(vllm_bin)}; }} > "$t/vllm" 2>&1 &
 {{ set --
 for f in {UNIT_DIR}/{UNIT_GLOB}; do [ -f "$f" ] || continue
@@ -48,7 +50,7 @@ for f in {UNIT_DIR}/{UNIT_GLOB}; do [ -f "$f" ] || continue
   addr=$(sed -n 's/^ExecStart=.* --host \\([^ ]*\\).*/\\1/p' "$f" | head -n 1 | tr -d "'\\"")
   set -- "$@" "${{f##*/}}" "${{addr:-0.0.0.0}}" "${{port:-8000}}"
 done
-[ $# -eq 0 ] || python3 -c {q(http.PROGRAM)} "$@" 2>&1; }} > "$t/health" &
+[ $# -eq 0 ] || {health_script()}; }} > "$t/health" &
 {{ {running_script()}; }} > "$t/running" 2>/dev/null &
 m systemd; systemctl --version 2>&1 | head -n 1
 m files
@@ -73,7 +75,7 @@ m lock; cat {LOCK_DIR}/info 2>/dev/null
 m pending; cat {PENDING_FILE} 2>/dev/null
 wait
 m gpus; cat "$t/gpus"
-m topo; cat "$t/topo"
+m topo; cat "$t/topo" 2>/dev/null
 m health; cat "$t/health"
 m vllm; cat "$t/vllm"
 m running; cat "$t/running"
@@ -81,12 +83,54 @@ m end
 """
 
 
+# One /health read, by bash itself: arguments BIND PORT; prints the HTTP status, or why there is none on stderr
+# (exit 1). Same address rule as hostpaths.loopback. /dev/tcp/HOST/PORT is bash's (GNU bash manual,
+# "Redirections"; the host's `sh` may be dash, which has none); the status is the second word of the status line
+# (RFC 9112 section 4), which uvicorn, vLLM's server, also sends to an HTTP/1.0 request; /health needs no API key.
+HEALTH_BASH = r"""case $1 in 0.0.0.0|'') h=127.0.0.1;; ::) h=::1;; *) h=$1;; esac
+case $h in *:*) hp="[$h]:$2";; *) hp="$h:$2";; esac
+exec 3<>"/dev/tcp/$h/$2" || exit 1
+printf 'GET /health HTTP/1.0\r\nHost: %s\r\nConnection: close\r\n\r\n' "$hp" >&3
+IFS=' ' read -r -t 3 _ c _ <&3 || c=
+c=${c%$'\r'}
+case $c in [1-5][0-9][0-9]) echo "$c";; *) echo "no HTTP status line from $hp" >&2; exit 1;; esac"""
+HEALTH_TIMEOUT_S = 4  # a connect or an answer that hangs (the Python reader's 3 s per request, and the connect)
+
+
+def health_script() -> str:
+    """Shell that reads each `UNIT BIND PORT` triple in "$@" and prints `UNIT STATUS` or `UNIT error REASON`
+    per unit, as programs/http_probe.py's health mode does. Where the host has bash and coreutils' `timeout`
+    (every systemd host we know of), bash asks /health over its /dev/tcp: a few milliseconds per unit instead of
+    a Python start with urllib (about 50 ms of CPU, the most of a no-change run's host time when many hosts
+    share the cores); elsewhere the host's python3 does it. HTTP/1.0 with `Connection: close`: one status line
+    is all that is read."""
+    q = shlex.quote
+    return ("if command -v bash >/dev/null 2>&1 && command -v timeout >/dev/null 2>&1; then "
+            "while [ $# -ge 3 ]; do "
+            f"r=$(timeout {HEALTH_TIMEOUT_S} bash -c {q(HEALTH_BASH)} health \"$2\" \"$3\" 2>&1); "
+            "case $? in 0) echo \"$1 $r\";; "
+            f"124) echo \"$1 error no answer within {HEALTH_TIMEOUT_S}s\";; "
+            # bash says why twice ("health: connect: REASON", then the /dev/tcp line): the first line, bare.
+            "*) r=$(printf '%s\\n' \"$r\" | head -n 1); r=${r#health: }; r=${r#line [0-9]*: }; "
+            "echo \"$1 error ${r#connect: }\";; "
+            "esac; shift 3; done; "
+            f"else python3 -c {q(http.PROGRAM)} \"$@\" 2>&1; fi")
+
+
 def metadata_version(bin_expr: str) -> str:
     """Shell that sets $v to the vLLM version in the package metadata of the interpreter in the shebang of the
-    `vllm` script at `bin_expr` (shell text: quoted, or a "$var"), in milliseconds; empty when unknown."""
+    `vllm` script at `bin_expr` (shell text: quoted, or a "$var"); empty when unknown. Read by the shell from the
+    one `vllm-*.dist-info/METADATA` in the site-packages of the interpreter's prefix (a venv: PEP 405; the
+    file: core metadata's `Version:`), starting no interpreter; where there is none or more than one (a system
+    Python's dist-packages, a broken install), that interpreter's importlib.metadata says, in milliseconds."""
     return (f"py=$(head -n 1 {bin_expr} 2>/dev/null | "
             "sed -n 's/^#![[:space:]]*\\([^[:space:]]*python[^[:space:]]*\\).*/\\1/p'); v=; "
-            "if [ -n \"$py\" ] && [ -x \"$py\" ]; then "
+            "if [ -n \"$py\" ] && [ -x \"$py\" ]; then md=; n=0; "
+            "for x in \"${py%/bin/*}\"/lib/python*/site-packages/vllm-*.dist-info/METADATA; do "
+            "[ -f \"$x\" ] && md=$x && n=$((n + 1)); done; "
+            "if [ \"$n\" -eq 1 ]; then while IFS= read -r l; do "
+            "case $l in 'Version:'*) v=${l#Version:}; v=${v# }; break;; esac; done < \"$md\"; fi; "
+            "[ -n \"$v\" ] || "
             "v=$(\"$py\" -c 'import importlib.metadata as m; print(m.version(\"vllm\"))' 2>/dev/null) || v=; fi")
 
 

@@ -2,7 +2,8 @@
 
 The controller never opens a connection to a vLLM port: an instance bound to the host's loopback, or a
 host reachable only through a jump host, is probed the same way. One small stdlib program
-(programs/http_probe.py, run by the host's python3; the facts' /health reads use it too) reads the requests
+(programs/http_probe.py, run by the host's python3; the facts' /health reads use it only where the host has no
+bash: remote/facts.py health_script) reads the requests
 as JSON on stdin, so an API key never appears on a command line, makes them in order and prints one marked
 JSON line per answer. A request may name an earlier one it needs: `/v1/models` and the smoke completion are
 only sent when `/health` answered 200.

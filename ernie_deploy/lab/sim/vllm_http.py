@@ -107,8 +107,13 @@ class ServerState:
     # Called after a request was refused because the engine is shutting down (0.32: uvicorn's ASGI traceback).
     on_drain_reject: Callable[[], None] | None = None
     latency: LatencyModel = field(default_factory=LatencyModel)  # TP, faults' latency_scale / token_seconds
+    log_stats: bool = True  # False with --disable-log-stats: /metrics has no vllm: family (metrics_text)
     draining: bool = False  # the engine is stopping (0.32): new generation requests fail with 500
     stalled: bool = False  # the engine went and its requests were never finished (0.32's race, `shutdown_stall`)
+    # faults.json `stall` (vllm_hang.py): None, "running" (the engine's step hangs) or "waiting" (its scheduler
+    # admits nothing); `frozen` holds the gauges a hung engine last reported.
+    stall_mode: str | None = None
+    frozen: dict[str, float] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     inflight: int = 0
     running: int = 0
@@ -126,20 +131,51 @@ class ServerState:
     dead: threading.Event = field(default_factory=threading.Event)  # set with engine_dead; wakes generators
     seq_slots: threading.Semaphore = field(init=False)
     idle: threading.Condition = field(init=False)
+    unstalled: threading.Condition = field(init=False)  # notified when `stall_mode` changes
 
     def __post_init__(self) -> None:
         self.seq_slots = threading.Semaphore(self.max_num_seqs)
         self.idle = threading.Condition(self.lock)
+        self.unstalled = threading.Condition(self.lock)
+
+    def gauges(self) -> dict[str, float]:
+        """The scheduler's gauges as the engine reports them (caller holds `lock`)."""
+        usage = min(1.0, self.running_tokens / self.kv_tokens) if self.kv_tokens else 0.0
+        return {"running": float(self.running), "waiting": float(self.waiting), "kv_usage": usage}
+
+    def shown_gauges(self) -> dict[str, float]:
+        """What /metrics shows (caller holds `lock`): the gauges a hung engine last reported, else the live ones.
+        vLLM's Prometheus gauges are set from the SchedulerStats that come with each engine output (v1/metrics/
+        loggers.py PrometheusStatLogger.record): an engine stuck in its step sends none, so they stay put."""
+        return dict(self.frozen) if self.frozen is not None else self.gauges()
+
+    def set_stall(self, mode: str | None) -> None:
+        """Start, change or end a stall (vllm_hang.py); waiting requests and generators wake to look again."""
+        with self.lock:
+            if mode == "running" and self.stall_mode != "running":
+                self.frozen = self.gauges()
+            elif mode != "running":
+                self.frozen = None
+            self.stall_mode = mode
+            self.unstalled.notify_all()
+
+    def wait_unstalled(self, modes: tuple[str, ...]) -> None:
+        """Block while the stall is one of `modes`; an engine death (or its end in a shutdown) ends the wait."""
+        with self.lock:
+            while self.stall_mode in modes and not self.dead.is_set():
+                self.unstalled.wait(0.2)
 
     def mark_dead(self) -> None:
         """The engine is gone: /health turns 503 and every request in flight ends at its next token."""
         self.engine_dead = True
         self.dead.set()
+        self.set_stall(None)  # a hung engine that is killed stops hanging: its requests get the error now
 
     def mark_stalled(self) -> None:
         """The engine is gone but nothing tells its requests: they wait for their clients to give up."""
         self.stalled = True
         self.dead.set()
+        self.set_stall(None)
 
     def wait_dead(self, seconds: float) -> bool:
         """Sleep for one generation step; True (at once) if the engine died meanwhile."""
@@ -218,14 +254,17 @@ def check_length(state: ServerState, prompt_tokens: int, max_tokens: int | None)
 def metrics_text(state: ServerState) -> str:
     if state.profile.forms_032:
         with state.lock:
-            usage = min(1.0, state.running_tokens / state.kv_tokens) if state.kv_tokens else 0.0
-            gauges = {"vllm:num_requests_running": state.running, "vllm:num_requests_waiting": state.waiting,
-                      "vllm:num_requests_waiting_by_reason/capacity": state.waiting, "vllm:kv_cache_usage_perc": usage,
-                      "vllm:engine_sleep_state/awake": 1.0}
-            return render(state.store, gauges, state.served_name, state.cache_info)
+            shown = state.shown_gauges()
+            gauges = {"vllm:num_requests_running": shown["running"], "vllm:num_requests_waiting": shown["waiting"],
+                      "vllm:num_requests_waiting_by_reason/capacity": shown["waiting"],
+                      "vllm:kv_cache_usage_perc": shown["kv_usage"], "vllm:engine_sleep_state/awake": 1.0}
+            return render(state.store, gauges, state.served_name, state.cache_info, state.log_stats)
+    if not state.log_stats:  # the profiles before 0.32 model only the vllm: families, so the page is empty
+        return ""
     labels = f'model_name="{state.served_name}",engine="0"'
     with state.lock:
-        usage = min(1.0, state.running_tokens / state.kv_tokens) if state.kv_tokens else 0.0
+        shown = state.shown_gauges()
+        usage = shown["kv_usage"]
         lines: list[str] = []
 
         def gauge(name: str, help_text: str, value: float) -> None:
@@ -235,8 +274,8 @@ def metrics_text(state: ServerState) -> str:
             lines.extend([f"# HELP {name}_total {help_text}", f"# TYPE {name}_total counter"])
             lines.extend(f"{name}_total{{{labels}{extra}}} {float(v)}" for extra, v in samples)
 
-        gauge("vllm:num_requests_running", "Number of requests in model execution batches.", state.running)
-        gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", state.waiting)
+        gauge("vllm:num_requests_running", "Number of requests in model execution batches.", shown["running"])
+        gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", shown["waiting"])
         gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", usage)
         if state.profile.gpu_cache_usage_metric:
             gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.", usage)
@@ -467,11 +506,15 @@ class Handler(BaseHTTPRequestHandler):
         # 0.32 ids carry 16 hex digits (captured); the older profiles a whole uuid.
         hex_id = uuid.uuid4().hex[:16] if state.profile.forms_032 else uuid.uuid4().hex
         request_id = ("chatcmpl-" if chat else "cmpl-") + hex_id
-        with _scheduled(state, gen) as run:
-            if body.get("stream"):
-                include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        if body.get("stream"):
+            # StreamingResponse sends its 200 and headers before the engine has scheduled the request (a queued,
+            # or stalled, stream already shows `200 OK` in the access log).
+            self._stream_headers()
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            with _scheduled(state, gen) as run:
                 self._stream(chat, request_id, model, gen, run, include_usage)
-            else:
+        else:
+            with _scheduled(state, gen) as run:
                 self._complete(chat, request_id, model, gen, run)
 
     def _complete(self, chat: bool, rid: str, model: str, gen: Generation, run: _scheduled) -> None:
@@ -481,7 +524,6 @@ class Handler(BaseHTTPRequestHandler):
                 raise EngineDied
             run.token_done()
         text = "".join(gen.tokens)
-        _count_output(self.state, gen)
         run.finish()
         usage = _usage(gen)
         if chat:
@@ -512,11 +554,14 @@ class Handler(BaseHTTPRequestHandler):
                    "kv_transfer_params": None}
         self._json(200, obj)
 
-    def _stream(self, chat: bool, rid: str, model: str, gen: Generation, run: _scheduled, usage: bool) -> None:
+    def _stream_headers(self) -> None:
         self.send_response(200)
         self.send_header("content-type", "text/event-stream; charset=utf-8")
         self.send_header("transfer-encoding", "chunked")
         self.end_headers()
+        self.wfile.flush()
+
+    def _stream(self, chat: bool, rid: str, model: str, gen: Generation, run: _scheduled, usage: bool) -> None:
         created = int(time.time())
         kind = "chat.completion.chunk" if chat else "text_completion"
 
@@ -526,12 +571,13 @@ class Handler(BaseHTTPRequestHandler):
             obj.update(extra or {})
             self._chunk(f"data: {self._dumps(obj)}\n\n".encode())
 
-        if chat:
-            event({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None})
         for i, token in enumerate(gen.tokens):
             if self.state.wait_dead(run.delay(i)):
                 self._stream_engine_dead(chat)
             run.token_done()
+            if chat and i == 0:  # the chat generator sends the role with the engine's first output, not before
+                event({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                       "finish_reason": None})
             last = i == len(gen.tokens) - 1
             finish = gen.finish_reason if last else None
             if chat:
@@ -546,7 +592,6 @@ class Handler(BaseHTTPRequestHandler):
                        "stop_reason": None})
         if usage:
             event(None, {"usage": _usage(gen)})
-        _count_output(self.state, gen)
         run.finish()
         self._chunk(b"data: [DONE]\n\n")
         self._chunk(b"")
@@ -583,12 +628,6 @@ def _usage(gen: Generation) -> dict[str, Any]:
             "completion_tokens": n, "prompt_tokens_details": None}
 
 
-def _count_output(state: ServerState, gen: Generation) -> None:
-    with state.lock:
-        state.generation_tokens += len(gen.tokens)
-        state.store.inc("vllm:generation_tokens", len(gen.tokens))
-
-
 class _scheduled:
     """Admit a request: wait for one of --max-num-seqs slots, count it as running, update GPU load; then pace
     its tokens by the latency model and observe the times they really took (the engine's histograms)."""
@@ -605,8 +644,10 @@ class _scheduled:
         self.tokens = gen.prompt_tokens + len(gen.tokens)
 
     def delay(self, index: int) -> float:
-        """How long output token `index` takes: the prefill for the first, one decode step for the others."""
+        """How long output token `index` takes: the prefill for the first, one decode step for the others. An
+        engine whose step hangs (faults.json `stall`) produces nothing until the stall ends or the engine dies."""
         s = self.state
+        s.wait_unstalled(("running",))
         if index == 0:
             return s.latency.ttft(self.gen.prompt_tokens, self.running_at_admission, self.gen.key)
         with s.lock:
@@ -614,9 +655,13 @@ class _scheduled:
         return s.latency.tpot(running, self.gen.key, index)
 
     def token_done(self) -> None:
+        """One output token is out: counted at once, as vLLM counts each engine step's tokens (IterationStats), so
+        vllm:generation_tokens_total advances while a long request runs and stops only when the engine does."""
         now = time.monotonic()
         with self.state.lock:
             store = self.state.store
+            self.state.generation_tokens += 1
+            store.inc("vllm:generation_tokens", 1.0)
             if self.first_at is None:
                 self.first_at = now
                 self.state.ttft.observe(now - self.started)
@@ -631,6 +676,8 @@ class _scheduled:
         with s.lock:
             s.waiting += 1
         s.seq_slots.acquire()
+        # A stalled engine schedules nothing new: the request stays waiting (its slot held) until the stall ends.
+        s.wait_unstalled(("running", "waiting"))
         with s.lock:
             s.waiting -= 1
             s.running += 1

@@ -413,11 +413,16 @@ def _http_lines(lines: list[str], store: MetricsStore) -> None:
                  for (h, m) in store.http_latency])
 
 
-def render(store: MetricsStore, gauges: dict[str, float], model_name: str, cache_info: dict[str, str]) -> str:
-    """The whole /metrics text. `gauges`: vLLM gauge values by family name (plus `/label` for labelled series)."""
+def render(store: MetricsStore, gauges: dict[str, float], model_name: str, cache_info: dict[str, str],
+           log_stats: bool = True) -> str:
+    """The whole /metrics text. `gauges`: vLLM gauge values by family name (plus `/label` for labelled series).
+    Without `log_stats` (`--disable-log-stats`) AsyncLLM creates no StatLoggerManager, so no PrometheusStatLogger
+    registers a `vllm:` family (0.32.0 v1/engine/async_llm.py: `if self.log_stats:`): the page keeps only
+    Python's, the process's and the HTTP instrumentator's."""
     lines: list[str] = []
     _process_lines(lines)
-    _vllm_lines(lines, store, gauges, [("engine", "0"), ("model_name", model_name)], cache_info)
+    if log_stats:
+        _vllm_lines(lines, store, gauges, [("engine", "0"), ("model_name", model_name)], cache_info)
     _http_lines(lines, store)
     return "\n".join(lines) + "\n"
 

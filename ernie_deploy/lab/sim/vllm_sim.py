@@ -24,6 +24,7 @@ from typing import Any
 from . import simstate, vllm_bench
 from .simstate import GpuProc, UsageEntry
 from .vllm_args import parse_serve_args
+from .vllm_hang import StallWatch, stall_mode
 from .vllm_http import ROUTES, ServerState, make_server
 from .vllm_latency import LatencyModel
 from .vllm_log import VllmLog, report_startup_error
@@ -143,6 +144,7 @@ class Serve(ShutdownMixin):
         self.faults = self._faults()
         self.forced = str(self.faults.get("fail_startup", "")) or None
         self.latency = self._latency_model()  # checked before anything starts
+        self._check_stall_knob()
         self.stop = threading.Event()
         self.exit_code = 0
         self.registry_lock = threading.Lock()
@@ -666,6 +668,14 @@ class Serve(ShutdownMixin):
             # The lab writes faults.json; a bad knob is the rehearsal's mistake, named with its file.
             raise SystemExit(f"{simstate.faults_path()}: {err}") from err
 
+    def _check_stall_knob(self) -> None:
+        """faults.json `stall` (vllm_hang.py) is read live, but a bad value present at start stops `vllm serve`
+        with exit 1 naming the file, as a bad `latency_scale` does."""
+        try:
+            stall_mode(self.faults.get("stall"))
+        except ValueError as err:
+            raise SystemExit(f"{simstate.faults_path()}: {err}") from err
+
     def _serve(self) -> int:
         a, p, log = self.args, self.profile, self.log
         assert self.sock is not None
@@ -696,6 +706,7 @@ class Serve(ShutdownMixin):
             on_stream_error=self._log_stream_error,
             on_drain_reject=self._log_drain_reject,
             latency=self.latency,
+            log_stats=not a.disable_log_stats,
         )
         if p.forms_032:
             digest = hashlib.sha256(f"{self.model_path}|{self.served_name}|{self.max_len}".encode()).hexdigest()
@@ -712,6 +723,7 @@ class Serve(ShutdownMixin):
         thread.start()
         log.uvicorn("Application startup complete.")
         self._start_watching()
+        StallWatch(self._faults, self.state, self.stop, str(simstate.faults_path())).start()
         crash_after = self.faults.get("crash_after_s")
         if crash_after is not None:
             threading.Timer(float(crash_after), self._crash).start()

@@ -6,7 +6,8 @@ as JSON on stdin (so an API key never appears on a command line), makes the requ
 whose `after` request did not answer 200, and prints one MARK line of JSON per answer, its body base64 and cut
 at `limit` bytes. With arguments, `UNIT BIND PORT ...` triples (the facts script reads them from the installed
 units), it asks each unit's /health on the address its host reaches it on and prints `UNIT STATUS` or
-`UNIT error REASON` lines.
+`UNIT error REASON` lines: the facts' fallback on a host without bash, which otherwise reads /health itself
+(facts.health_script).
 
 Quoted annotations: the host's python3 may be older than the `X | None` form.
 """
