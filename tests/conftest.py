@@ -1,11 +1,12 @@
 """Shared fixtures for the planning-core tests (inventories written to tmp_path, planned in memory), the
-`needs_haproxy` marker of the tests that run Debian's HAProxy, and the `lab` marker on every test that uses the
-simulated lab."""
+`needs_program` markers of the tests that run a Debian program (HAProxy, promtool, systemd-analyze), and the
+`lab` marker on every test that uses the simulated lab."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -17,14 +18,24 @@ from ernie_deploy.planning.plan import PlanContext, plan_hosts
 from ernie_deploy.planning.plantypes import HostPlan
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# A suite started from a script's background job or under nohup inherits SIGINT ignored, and so would every program
+# a test starts (exec keeps an ignored signal ignored): a test that stops one with SIGINT, as Ctrl-C does, would wait
+# for it in vain. With a handler here, each child starts with SIGINT at its default, as from a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
-# Skips only on a developer machine without HAProxy; under .ci/run (ERNIE_LAB_REQUIRED=1) or any CI the tests
-# run and a missing haproxy fails them, because scripts/test installs Debian's haproxy there.
-needs_haproxy = pytest.mark.skipif(
-    shutil.which("haproxy") is None and not os.environ.get("CI") and os.environ.get("ERNIE_LAB_REQUIRED") != "1",
-    reason="haproxy is not installed (apt-get install haproxy); scripts/test installs it",
-)
+def needs_program(program: str, package: str) -> pytest.MarkDecorator:
+    """Skip only on a developer machine without `program`; under .ci/run (ERNIE_LAB_REQUIRED=1) or any CI the test
+    runs and a missing program fails it, because scripts/test installs the Debian `package` there."""
+    return pytest.mark.skipif(
+        shutil.which(program) is None and not os.environ.get("CI") and os.environ.get("ERNIE_LAB_REQUIRED") != "1",
+        reason=f"{program} is not installed (apt-get install {package}); scripts/test installs it",
+    )
+
+
+needs_haproxy = needs_program("haproxy", "haproxy")
 
 # The fixtures of tests/lab/conftest.py that boot (or clean up after) the simulated lab; unit tests elsewhere
 # have fixtures of their own named `lab` (a simulator in a temporary directory).

@@ -9,6 +9,7 @@ import http.server
 import itertools
 import json
 import os
+import signal
 import socket
 import stat
 import subprocess
@@ -288,15 +289,18 @@ with open(os.path.join(args["--result-dir"], args["--result-filename"]), "w") as
 """
 
 
-def _host_run(tmp_path: Path, base: str, timeout: float, **env: str) -> tuple[BenchRun, str]:
+def _host_run(tmp_path: Path, base: str, timeout: float, sigint_ignored: bool = False,
+              **env: str) -> tuple[BenchRun, str]:
     vllm = tmp_path / "vllm"
     vllm.write_text(FAKE_VLLM.format(python=sys.executable))
     vllm.chmod(vllm.stat().st_mode | stat.S_IXUSR)
     result_dir = str(tmp_path / "run")
     argv = _argv(vllm=str(vllm), base_url=base, served="m", result_dir=result_dir)
     cmd = bench_command(Bench("u.service", base, "m", argv, result_dir, getpass.getuser(), timeout), KEY)
+    # sigint_ignored: started the way a script's background job or nohup starts it (the child inherits SIG_IGN).
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
     out = subprocess.run(["sh", "-c", cmd.script], input=cmd.stdin, capture_output=True, timeout=60, check=True,
-                         env={**os.environ, **env})
+                         env={**os.environ, **env}, preexec_fn=ignore)
     assert not os.path.exists(result_dir)  # its own directory is removed, nothing else is
     return parse(out.stdout.decode()), out.stdout.decode()
 
@@ -311,8 +315,10 @@ def test_the_host_program_benches_with_the_key_in_the_environment_and_prints_the
     assert text.count(KEY) == 1  # only in the result the stand-in wrote
 
 
-def test_the_host_program_stops_a_bench_at_its_bound_and_keeps_the_counters(tmp_path: Path, instance: str) -> None:
-    seen, _ = _host_run(tmp_path, instance, 1.0, FAKE_SLEEP="1")
+@pytest.mark.parametrize("sigint_ignored", [False, True], ids=["sigint-default", "started-with-sigint-ignored"])
+def test_the_host_program_stops_a_bench_at_its_bound_and_keeps_the_counters(
+        tmp_path: Path, instance: str, sigint_ignored: bool) -> None:
+    seen, _ = _host_run(tmp_path, instance, 1.0, sigint_ignored, FAKE_SLEEP="1")
     assert seen.timed_out and seen.exit_code not in (0, None) and seen.result is None
     assert seen.tail[0] == "Starting main benchmark run..." and seen.tail[-1] == "KeyboardInterrupt"  # SIGINT
     assert 1.0 <= seen.seconds < 1.0 + GRACE

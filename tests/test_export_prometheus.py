@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from conftest import needs_program
 
 from ernie_deploy.checks.progress import Thresholds
 from ernie_deploy.cli.main import main
@@ -195,7 +195,7 @@ def test_the_dashboard_reads_only_the_versions_series(tmp_path: Path, capsys: py
     assert [v["name"] for v in board["templating"]["list"]] == ["datasource", "host", "model"]
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (apt-get install prometheus)")
+@needs_program("promtool", "prometheus")
 def test_promtool_accepts_the_rules_and_the_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out, _ = export(tmp_path, capsys)
     # Hosts with different thresholds get a rule each, selected by an escaped host pattern.

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT
+from conftest import ROOT, needs_program
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from systemd_words import unsystemd, unsystemd_environment
@@ -93,13 +93,7 @@ def test_plan_with_errors_renders_nothing(plan_one: Plan) -> None:
         render_host(plan_one(**A10, vllm_tensor_parallel_size=3), ENV)
 
 
-# Skips only on a developer machine without systemd; under .ci/run (ERNIE_LAB_REQUIRED=1) or any CI the
-# test runs and a missing tool fails it, because scripts/test installs systemd there.
-needs_systemd_analyze = pytest.mark.skipif(
-    shutil.which("systemd-analyze") is None and not os.environ.get("CI")
-    and os.environ.get("ERNIE_LAB_REQUIRED") != "1",
-    reason="systemd-analyze is not installed (apt-get install systemd); .ci/run installs it",
-)
+needs_systemd_analyze = needs_program("systemd-analyze", "systemd")
 
 
 @needs_systemd_analyze

@@ -69,10 +69,20 @@ def environment(spec: "dict[str, Any]") -> "dict[str, str]":
     return env
 
 
+def default_sigint() -> None:
+    """In the bench's process before it runs: SIGINT at its default. Started from a shell's background job or
+    under nohup (a local connection run that way), this program inherits SIGINT ignored, exec keeps an ignored
+    signal ignored, and vllm bench would never see the time bound's Ctrl-C (only the SIGKILL after the grace,
+    which loses its summary)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run(spec: "dict[str, Any]", emit: "Any") -> None:
     tail: collections.deque[str] = collections.deque(maxlen=TAIL)
+    # preexec_fn: no other thread runs yet (the reader starts after the fork).
     proc = subprocess.Popen(command(spec), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, cwd=spec["dir"], env=environment(spec), start_new_session=True)
+                            stderr=subprocess.STDOUT, cwd=spec["dir"], env=environment(spec), start_new_session=True,
+                            preexec_fn=default_sigint)
     assert proc.stdout is not None
     out = proc.stdout
 
