@@ -36,7 +36,7 @@ import hashlib
 import re
 import sys
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -248,18 +248,25 @@ def render(wheel: Path) -> tuple[str, str]:
     return version, "\n".join(header + lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+def write_extracts(argv: list[str] | None, description: str, out_dir: Path,
+                   render_one: Callable[[Path], tuple[str, str]], what: str) -> int:
+    """The command line of a wheel extractor (this one, vllm_metrics.py): each wheel's text as VERSION.txt in
+    --out, with a count of its data lines (those not starting with #)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("wheels", nargs="+", type=Path, help="vllm-*.whl files")
-    parser.add_argument("--out", type=Path, default=OUT_DIR, help=f"output folder (default {OUT_DIR})")
+    parser.add_argument("--out", type=Path, default=out_dir, help=f"output folder (default {out_dir})")
     opts = parser.parse_args(argv)
     opts.out.mkdir(parents=True, exist_ok=True)
     for wheel in opts.wheels:
-        version, text = render(wheel)
+        version, text = render_one(wheel)
         target = opts.out / f"{version}.txt"
         target.write_text(text)
-        print(f"{target}: {text.count(chr(10)) - 5} formats")
+        print(f"{target}: {sum(1 for line in text.splitlines() if not line.startswith('#'))} {what}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return write_extracts(argv, (__doc__ or "").split("\n", 1)[0], OUT_DIR, render, "formats")
 
 
 if __name__ == "__main__":

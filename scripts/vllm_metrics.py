@@ -34,14 +34,15 @@ deduplicated; the header gives the wheel's file name, version and sha256.
 
 from __future__ import annotations
 
-import argparse
 import ast
-import hashlib
 import sys
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+# Run as a script, its folder is on sys.path: the formats extractor's wheel helpers serve both.
+from vllm_formats import sha256, write_extracts
 
 REPO = Path(__file__).resolve().parent.parent
 OUT_DIR = REPO / "ernie_deploy" / "data" / "vllm_metrics"
@@ -334,14 +335,6 @@ def extract(wheel: Path) -> Extract:
     return Extract(dist, version, sorted(lines), len(trees) + unparsed, unparsed, sorted(unresolved))
 
 
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def render(wheel: Path) -> tuple[str, str]:
     ex = extract(wheel)
     header = [
@@ -357,17 +350,7 @@ def render(wheel: Path) -> tuple[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
-    parser.add_argument("wheels", nargs="+", type=Path, help="vllm-*.whl files")
-    parser.add_argument("--out", type=Path, default=OUT_DIR, help=f"output folder (default {OUT_DIR})")
-    opts = parser.parse_args(argv)
-    opts.out.mkdir(parents=True, exist_ok=True)
-    for wheel in opts.wheels:
-        version, text = render(wheel)
-        target = opts.out / f"{version}.txt"
-        target.write_text(text)
-        print(f"{target}: {sum(1 for line in text.splitlines() if not line.startswith('#'))} families")
-    return 0
+    return write_extracts(argv, (__doc__ or "").split("\n", 1)[0], OUT_DIR, render, "families")
 
 
 if __name__ == "__main__":
