@@ -179,3 +179,26 @@ def test_a_worker_title_outside_vllm_serve_is_not_a_compute_app(tmp_path: Path) 
         assert smi(tmp_path, "--query-compute-apps=pid", "--format=csv,noheader", session=lone.pid).stdout == ""
     finally:
         _kill_tree(lone)
+
+
+def test_usage_is_read_once_and_only_for_fields_that_show_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The facts' static query (index, name, uuid, memory.total, driver_version) reads no usage: no registry and no
+    scan of /proc, the sim's cost on every deploy's facts; memory.used, the compute apps and the table read it once
+    per invocation, however many fields and GPUs show it."""
+    from ernie_deploy.lab.sim import nvidia_smi
+
+    uuids = write_gpus(tmp_path)
+    register(tmp_path, "a", os.getpid(), uuids[1], 1000, util=40)
+    monkeypatch.setenv("ERNIE_LAB_ROOT", str(tmp_path))
+    reads: list[int] = []
+    real = nvidia_smi.read_entries
+    monkeypatch.setattr(nvidia_smi, "read_entries", lambda: reads.append(1) or real())
+    text, code = nvidia_smi.run(["--query-gpu=index,name,uuid,memory.total,driver_version",
+                                 "--format=csv,noheader,nounits"])
+    assert code == 0 and text.splitlines()[1] == f"1, NVIDIA A10, {uuids[1]}, 23028, 550.127.05" and reads == []
+    for args in (["--query-gpu=index,memory.used,memory.free,utilization.gpu,power.draw,pstate", "--format=csv"],
+                 ["--query-compute-apps=pid,gpu_uuid,used_memory", "--format=csv,noheader,nounits"], []):
+        reads.clear()
+        text, code = nvidia_smi.run(args)
+        assert code == 0 and reads == [1], args
+        assert "1000" in text, args

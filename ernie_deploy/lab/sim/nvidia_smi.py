@@ -14,8 +14,17 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 
-from .simstate import Gpu, HostGpus, load_host_gpus, read_entries, used_mib_by_gpu, utilization_by_gpu
+from .simstate import (
+    Gpu,
+    HostGpus,
+    UsageEntry,
+    load_host_gpus,
+    read_entries,
+    used_mib_by_gpu,
+    utilization_by_gpu,
+)
 
 NO_DRIVER = (
     "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
@@ -32,15 +41,40 @@ _POWER_LIMIT_W = (
 )
 
 
+class Usage:
+    """What runs on the GPUs, read once per invocation and only when asked: the registry and, for real vLLM
+    workers, every process in /proc (real_entries), which a query of static fields (the facts' index, name,
+    uuid, memory.total, driver_version) never needs."""
+
+    @cached_property
+    def entries(self) -> list[UsageEntry]:
+        return read_entries()
+
+    @cached_property
+    def used_mib(self) -> dict[str, int]:
+        return used_mib_by_gpu(self.entries)
+
+    @cached_property
+    def util(self) -> dict[str, int]:
+        return utilization_by_gpu(self.entries)
+
+
 @dataclass(frozen=True)
 class GpuView:
     """One GPU with its current simulated usage."""
 
     gpu: Gpu
-    used_mib: int
-    util: int
+    usage: Usage
     count: int
     host: HostGpus
+
+    @property
+    def used_mib(self) -> int:
+        return self.usage.used_mib.get(self.gpu.uuid, 0)
+
+    @property
+    def util(self) -> int:
+        return self.usage.util.get(self.gpu.uuid, 0)
 
     @property
     def free_mib(self) -> int:
@@ -181,8 +215,7 @@ def parse_args(args: list[str]) -> Options:
 
 
 def gpu_views(host: HostGpus, ids: list[str] | None) -> list[GpuView]:
-    used = used_mib_by_gpu()
-    util = utilization_by_gpu()
+    usage = Usage()
     gpus = list(host.gpus)
     if ids is not None:
         wanted = [g for g in gpus if str(g.index) in ids or g.uuid in ids or g.pci_bus_id in ids]
@@ -190,7 +223,7 @@ def gpu_views(host: HostGpus, ids: list[str] | None) -> list[GpuView]:
             raise SmiError("No devices were found\n", EXIT_NOT_FOUND)
         gpus = wanted
     count = len(host.gpus)
-    return [GpuView(g, used.get(g.uuid, 0), util.get(g.uuid, 0), count, host) for g in gpus]
+    return [GpuView(g, usage, count, host) for g in gpus]
 
 
 def query_gpu(views: list[GpuView], fields: list[str], fmt: set[str]) -> str:
@@ -215,7 +248,7 @@ def query_apps(views: list[GpuView], fields: list[str], fmt: set[str]) -> str:
             raise _invalid_field(name)
     by_uuid = {v.gpu.uuid: v for v in views}
     rows: list[tuple[int, int, dict[str, str]]] = []
-    for entry in read_entries():
+    for entry in views[0].usage.entries if views else []:
         for proc in entry.procs:
             view = by_uuid.get(proc.gpu_uuid)
             if view is None:
@@ -316,7 +349,8 @@ def summary_table(host: HostGpus, views: list[GpuView]) -> str:
     out.append("|=========================================================================================|")
     index_of = {v.gpu.uuid: v.gpu.index for v in views}
     procs = sorted(
-        ((index_of[p.gpu_uuid], p) for e in read_entries() for p in e.procs if p.gpu_uuid in index_of),
+        ((index_of[p.gpu_uuid], p) for e in (views[0].usage.entries if views else []) for p in e.procs
+         if p.gpu_uuid in index_of),
         key=lambda item: (item[0], item[1].pid),
     )
     if not procs:

@@ -342,19 +342,19 @@ def held_mib_by_gpu(exclude_key: str | None = None) -> dict[str, int]:
     return held
 
 
-def used_mib_by_gpu() -> dict[str, int]:
-    """MiB actually allocated per GPU uuid (what nvidia-smi's memory.used shows)."""
+def used_mib_by_gpu(entries: list[UsageEntry]) -> dict[str, int]:
+    """MiB actually allocated per GPU uuid (what nvidia-smi's memory.used shows), from read_entries()."""
     used: dict[str, int] = {}
-    for entry in read_entries():
+    for entry in entries:
         for proc in entry.procs:
             used[proc.gpu_uuid] = used.get(proc.gpu_uuid, 0) + proc.used_mib
     return used
 
 
-def utilization_by_gpu() -> dict[str, int]:
-    """GPU utilization per uuid: the busiest process group on that GPU wins, capped at 100."""
+def utilization_by_gpu(entries: list[UsageEntry]) -> dict[str, int]:
+    """GPU utilization per uuid (from read_entries()): the busiest process group on that GPU wins, capped at 100."""
     util: dict[str, int] = {}
-    for entry in read_entries():
+    for entry in entries:
         for proc in entry.procs:
             util[proc.gpu_uuid] = min(100, max(util.get(proc.gpu_uuid, 0), entry.utilization_gpu))
     return util
