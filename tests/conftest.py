@@ -18,13 +18,14 @@ from ernie_deploy.planning.plan import PlanContext, plan_hosts
 from ernie_deploy.planning.plantypes import HostPlan
 
 ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 # A suite started from a script's background job or under nohup inherits SIGINT ignored, and so would every program
 # a test starts (exec keeps an ignored signal ignored): a test that stops one with SIGINT, as Ctrl-C does, would wait
 # for it in vain. With a handler here, each child starts with SIGINT at its default, as from a terminal.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
 
 def needs_program(program: str, package: str) -> pytest.MarkDecorator:
     """Skip only on a developer machine without `program`; under .ci/run (ERNIE_LAB_REQUIRED=1) or any CI the test

@@ -214,8 +214,7 @@ def parse_args(args: list[str]) -> Options:
     return opts
 
 
-def gpu_views(host: HostGpus, ids: list[str] | None) -> list[GpuView]:
-    usage = Usage()
+def gpu_views(host: HostGpus, ids: list[str] | None, usage: Usage) -> list[GpuView]:
     gpus = list(host.gpus)
     if ids is not None:
         wanted = [g for g in gpus if str(g.index) in ids or g.uuid in ids or g.pci_bus_id in ids]
@@ -242,13 +241,13 @@ def query_gpu(views: list[GpuView], fields: list[str], fmt: set[str]) -> str:
     return "".join(line + "\n" for line in lines)
 
 
-def query_apps(views: list[GpuView], fields: list[str], fmt: set[str]) -> str:
+def query_apps(views: list[GpuView], usage: Usage, fields: list[str], fmt: set[str]) -> str:
     for name in fields:
         if name not in APP_FIELDS:
             raise _invalid_field(name)
     by_uuid = {v.gpu.uuid: v for v in views}
     rows: list[tuple[int, int, dict[str, str]]] = []
-    for entry in views[0].usage.entries if views else []:
+    for entry in usage.entries:
         for proc in entry.procs:
             view = by_uuid.get(proc.gpu_uuid)
             if view is None:
@@ -316,7 +315,7 @@ def topo_matrix(host: HostGpus) -> str:
     return "\n".join(lines) + "\n" + TOPO_LEGEND
 
 
-def summary_table(host: HostGpus, views: list[GpuView]) -> str:
+def summary_table(host: HostGpus, views: list[GpuView], usage: Usage) -> str:
     """The default table (driver 5xx layout), close enough for eyeballing and for `grep MiB`."""
     bar = "+-----------------------------------------------------------------------------------------+"
     sep = "+-----------------------------------------+------------------------+----------------------+"
@@ -349,8 +348,7 @@ def summary_table(host: HostGpus, views: list[GpuView]) -> str:
     out.append("|=========================================================================================|")
     index_of = {v.gpu.uuid: v.gpu.index for v in views}
     procs = sorted(
-        ((index_of[p.gpu_uuid], p) for e in (views[0].usage.entries if views else []) for p in e.procs
-         if p.gpu_uuid in index_of),
+        ((index_of[p.gpu_uuid], p) for e in usage.entries for p in e.procs if p.gpu_uuid in index_of),
         key=lambda item: (item[0], item[1].pid),
     )
     if not procs:
@@ -370,14 +368,15 @@ def run(args: list[str]) -> tuple[str, int]:
         return NO_DRIVER, EXIT_NO_DRIVER
     if opts.topo:
         return topo_matrix(host), 0
-    views = gpu_views(host, opts.ids)
+    usage = Usage()
+    views = gpu_views(host, opts.ids, usage)
     if opts.list_gpus:
         return list_gpus(views), 0
     if opts.query_gpu is not None:
         return query_gpu(views, opts.query_gpu, opts.fmt or {"csv"}), 0
     if opts.query_apps is not None:
-        return query_apps(views, opts.query_apps, opts.fmt or {"csv"}), 0
-    return summary_table(host, views), 0
+        return query_apps(views, usage, opts.query_apps, opts.fmt or {"csv"}), 0
+    return summary_table(host, views, usage), 0
 
 
 def main(argv: list[str] | None = None) -> int:
