@@ -37,3 +37,16 @@ def test_plan_loads_what_it_needs_but_no_ssh() -> None:
                            "with contextlib.redirect_stdout(io.StringIO()):\n"
                            f"    main(['plan', '-i', {str(EXAMPLE)!r}])")
     assert "rich" in modules and not {m for m in modules if m.startswith(("paramiko", "fabric", "invoke", "jinja2"))}
+
+
+def test_json_output_and_progress_off_a_terminal_load_no_rich() -> None:
+    """A script reading --json (stderr not a terminal: no live progress) prints through neither of rich's
+    consoles, so rich is never imported; text output still loads it."""
+    code = ("from ernie_deploy.cli.main import main\nimport contextlib, io\n"
+            "from ernie_deploy.output.console import HostProgress\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            f"    main(['plan', '-i', {str(EXAMPLE)!r}, '--json'])\n"
+            "with HostProgress('deploy') as progress:\n    progress.update('gpu-a10-01', 'gathering facts')")
+    done = subprocess.run([sys.executable, "-c", f"import sys\n{code}\nprint(sorted(sys.modules))"],
+                          capture_output=True, text=True, check=True, env={"PATH": "/usr/bin:/bin"})
+    assert "'rich'" not in done.stdout and "'ernie_deploy.output.console'" in done.stdout

@@ -1,47 +1,61 @@
-"""All terminal output goes through here; the only module that imports rich."""
+"""All terminal output goes through here; rich, which prints it, is loaded on first use (output/terminal.py)."""
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.table import Table
-
-
-class _Console(Console):
-    def on_broken_pipe(self) -> None:
-        """The reader went away (`| head`): rich would exit 1 here; the command line's one handler
-        (cli/main.py) stops every such case the same way."""
-        self.quiet = True
-        raise BrokenPipeError(errno.EPIPE, "the reader of the output went away")
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.live import Live
+    from rich.table import Table
 
 
-# Rich falls back to 80 columns when output is piped, which truncates plan tables; use COLUMNS or 140.
-_WIDTH = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "140"))
-out = _Console(highlight=False, width=_WIDTH)
-err = Console(stderr=True, highlight=False, soft_wrap=True)  # errors stay one greppable line
+def __getattr__(name: str) -> Console:
+    """`out` and `err` (output/terminal.py), imported on first use: `console.out.print(...)` works as before,
+    and a --json run, which prints through neither, does not import rich (about 10 ms of its start-up)."""
+    if name in ("out", "err"):
+        from ernie_deploy.output import terminal
+        console: Console = getattr(terminal, name)
+        return console
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _out() -> Console:
+    return __getattr__("out")
+
+
+def _err() -> Console:
+    return __getattr__("err")
+
+
+def _stderr_is_terminal() -> bool:
+    """Whether rich takes stderr for a terminal, without loading rich where its answer is no: a stderr that is
+    not a tty, with neither TTY_COMPATIBLE=1 nor a non-empty FORCE_COLOR (the variables rich 15's
+    Console.is_terminal reads before isatty), is none for rich either."""
+    if not sys.stderr.isatty() and os.environ.get("TTY_COMPATIBLE") != "1" and not os.environ.get("FORCE_COLOR"):
+        return False
+    return _err().is_terminal
 
 
 def verbatim(text: str) -> None:
     """Text that must reach the reader line for line (diffs): never wrapped, cropped or styled, so a long line
     never continues on a line that reads as something else (a diff's removal)."""
-    out.print(text, markup=False, highlight=False, soft_wrap=True, end="" if text.endswith("\n") else "\n")
+    _out().print(text, markup=False, highlight=False, soft_wrap=True, end="" if text.endswith("\n") else "\n")
 
 
 def error(problem: object) -> None:
     """An error that ends a command (or a host's part in it): one greppable line, then any fix."""
-    err.print(f"error: {problem}", markup=False, highlight=False)
+    _err().print(f"error: {problem}", markup=False, highlight=False)
 
 
 def note(text: str) -> None:
     """A line for the operator beside the output: progress, warnings, what the command is doing."""
-    err.print(text, markup=False)
+    _err().print(text, markup=False)
 
 
 def print_json(data: Any) -> None:
@@ -50,22 +64,24 @@ def print_json(data: Any) -> None:
 
 
 def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    from rich.table import Table
+
     t = Table(title=title, title_justify="left")
     for column in columns:
         t.add_column(column)
     for row in rows:
         t.add_row(*(str(cell) for cell in row))
-    out.print(t)
+    _out().print(t)
 
 
 @contextmanager
 def status(message: str) -> Iterator[None]:
     """A spinner on stderr for long work; silent when stderr is not a terminal."""
-    if err.is_terminal:
-        with err.status(message):
+    if _stderr_is_terminal():
+        with _err().status(message):
             yield
     else:
-        err.print(message)
+        _err().print(message)
         yield
 
 
@@ -76,14 +92,18 @@ class HostProgress:
     def __init__(self, title: str) -> None:
         import threading
 
-        from rich.live import Live
-
         self.title = title
         self.state: dict[str, str] = {}
         self._lock = threading.Lock()
-        self._live = Live(console=err, refresh_per_second=8, transient=True) if err.is_terminal else None
+        self._live: Live | None = None
+        if _stderr_is_terminal():
+            from rich.live import Live
+
+            self._live = Live(console=_err(), refresh_per_second=8, transient=True)
 
     def _render(self) -> Table:
+        from rich.table import Table
+
         t = Table(title=self.title, title_justify="left", show_header=False, box=None)
         for host, what in self.state.items():
             t.add_row(host, what)
