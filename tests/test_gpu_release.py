@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from ernie_deploy.checks.gpurelease import MARGIN_MIB, judge
@@ -107,3 +111,32 @@ def test_the_stop_reads_the_gpus_in_the_same_round_trip_and_both_parse_from_its_
     got = parse_gpus(out)
     assert [r.index for r in got.rows] == [0] and not got.apps
     assert judge([0], got.rows, got.apps, got.names, got.baselines["ernie-vllm-0.service"]).free
+
+
+def test_a_gpu_reading_asks_nvidia_smi_twice_and_names_the_cgroup_of_each_listed_process(tmp_path: Path) -> None:
+    """The cgroups section takes its PIDs from the compute-apps query's output instead of asking nvidia-smi a
+    third time (each call asks the driver again: tens of milliseconds on a real host)."""
+    from ernie_deploy.remote.protocol import split
+    from ernie_deploy.remote.rolling import GpuRelease
+
+    pid = os.getpid()  # a process that exists, so /proc/PID/cgroup is read
+    calls = tmp_path / "calls"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text(
+        f"#!/bin/sh\necho \"$*\" >> {calls}\n"
+        f"case $* in *compute-apps*) echo '{pid}, 20000, GPU-0'; echo '{pid + 1}, 512, GPU-0';; "
+        "*) echo '0, GPU-0, 20500, 23028, 0';; esac\n")
+    (bin_dir / "systemctl").write_text("#!/bin/sh\necho Id=ernie-vllm-0.service\necho ActiveState=inactive\n")
+    for program in bin_dir.iterdir():
+        program.chmod(0o755)
+    script = GpuRelease(("ernie-vllm-0.service",)).render()
+    out = subprocess.run(["sh", "-c", script], env={"PATH": f"{bin_dir}:/usr/bin:/bin"}, capture_output=True,
+                         text=True, check=True).stdout
+    assert len(calls.read_text().splitlines()) == 2
+    reading = parse_gpus(out)
+    assert [a.pid for a in reading.apps] == [pid, pid + 1] and [r.index for r in reading.rows] == [0]
+    cgroups = [line.split()[0] for s in split(out) if s.header == "cgroups" for line in s.lines if line.strip()]
+    assert cgroups == [str(pid), str(pid + 1)]
+    unit = Path(f"/proc/{pid}/cgroup").read_text().splitlines()[-1].rsplit("/", 1)[-1]
+    assert reading.units.get(pid, "") == unit

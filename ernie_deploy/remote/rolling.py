@@ -109,13 +109,14 @@ class GpuRelease(Intent):
                            for u in self.units)
         return (per_unit +
                 f"printf '{MARK}gpus\\n'; {GPU_QUERY} 2>&1\n"
-                f"printf '{MARK}apps\\n'; {APPS_QUERY} 2>&1\n"
+                f"a=$({APPS_QUERY} 2>&1); printf '{MARK}apps\\n'; [ -z \"$a\" ] || printf '%s\\n' \"$a\"\n"
                 f"printf '{MARK}ps\\n'; ps -e -o pid=,comm=\n"
                 # The unit each GPU process belongs to (its cgroup), so another running instance sharing the GPU
-                # is not taken for an orphan.
-                f"printf '{MARK}cgroups\\n'; nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | "
-                f"while read -r p; do printf '%s %s\\n' \"$p\" \"$(tail -n 1 /proc/$p/cgroup 2>/dev/null | "
-                f"sed 's|.*/||')\"; done\n")
+                # is not taken for an orphan; the PIDs are the apps query's first column (no nvidia-smi of its own:
+                # each call is tens of milliseconds on a real host, as the driver is asked again).
+                f"printf '{MARK}cgroups\\n'; printf '%s\\n' \"$a\" | while IFS=', ' read -r p _; do "
+                "case $p in ''|*[!0-9]*) continue;; esac; "
+                f"printf '%s %s\\n' \"$p\" \"$(tail -n 1 /proc/$p/cgroup 2>/dev/null | sed 's|.*/||')\"; done\n")
 
 
 def gpu_command(units: Sequence[str]) -> Command:
