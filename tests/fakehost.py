@@ -484,7 +484,8 @@ class FakeSession:
                 return h.facts_text()
             case Stage() as stage:
                 h.stage(stage, cmd.stdin)
-                return f"{MARK}release x\n"
+                # The stage reads the GPUs right after when asked (remote/converge.py stage_command).
+                return f"{MARK}release x\n" + (h.gpu_release(GpuRelease(stage.gpu_units)) if stage.gpu_units else "")
             case Activate() as activate:
                 return h.activate(activate)
             case ReleaseLock() | BreakLock():

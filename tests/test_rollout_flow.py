@@ -180,6 +180,30 @@ def test_orphan_on_the_gpu_is_refused_before_anything_stops_naming_pid_gpu_and_f
     assert other.status is Status.CHANGED, other.message
 
 
+def test_a_first_start_takes_the_gates_first_gpu_reading_from_the_stage(tmp_path: Path) -> None:
+    """Nothing runs on a fresh host to stop: the stage's command reads the first instance's GPUs, and the gate
+    asks no reading of its own for it; the second instance starts after the first took its GPU memory, so it
+    is read on its own."""
+    fakes = {"a": FakeHost()}
+    (r,) = deploy(fakes, hosts_of(tmp_path, {"a": TWO}))
+    assert r.status is Status.CHANGED, r.message
+    log = r.command_log
+    assert log.index("stage files") + 1 == log.index("activate units")
+    assert log.count("read GPU release") == 1
+    assert log.index("read GPU release") > log.index("watch instance ernie-vllm-0.service")
+
+
+def test_an_orphan_on_a_fresh_hosts_gpu_fails_its_first_start_from_the_stages_reading(tmp_path: Path) -> None:
+    fakes = {"a": FakeHost()}
+    fakes["a"].orphan = 4242
+    (r,) = deploy(fakes, hosts_of(tmp_path, {"a": {}}))
+    assert r.status is Status.FAILED, r.message
+    assert "not free for the first start" in r.message and "PID 4242" in r.message
+    assert r.hint and "kill 4242" in r.hint and "it was not started" in r.hint
+    assert not fakes["a"].starts and not fakes["a"].active
+    assert "activate units" not in r.command_log
+
+
 def test_hooks_get_their_context_and_a_failing_pre_drain_stops_before_any_stop(tmp_path: Path) -> None:
     fakes = {"a": FakeHost(), "b": FakeHost()}
     hosts = hosts_of(tmp_path, {"a": {}, "b": {}})

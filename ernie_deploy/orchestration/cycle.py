@@ -106,6 +106,25 @@ class Work:
     revertible: bool = True  # False for a restart: the files did not change, there is nothing to go back to
     batch: int = 1
     stop_first: tuple[str, ...] = ()  # units outside the plan that hold GPUs the plan needs (pruned)
+    # The output of a GPU reading taken right before the cycle (by deploy's stage), for the first group when
+    # nothing stops before it starts: the gate's first reading.
+    reading: str | None = None
+
+
+def groups_of(work: Work, opts: CycleOptions) -> list[list[InstancePlan]]:
+    """The instances in the groups the cycle takes one after another: all at once when the host goes as a whole
+    or its instances restart in parallel, else one by one."""
+    insts = work.instances
+    return [insts] if work.whole or opts.parallel_instances else [[i] for i in insts]
+
+
+def first_start(work: Work, opts: CycleOptions) -> list[str]:
+    """The units of the first group when it starts with nothing to stop first (a host's first start, or new
+    instances), whose GPU reading can come with the stage; else none."""
+    groups = groups_of(work, opts)
+    if not groups or work.stop_first or any(unit_of(i) in work.running for i in groups[0]):
+        return []
+    return [unit_of(i) for i in groups[0]]
 
 
 def unit_of(inst: InstancePlan) -> str:
@@ -159,10 +178,9 @@ class HostCycle:
     # -- the flow ------------------------------------------------------------------------------------
     def go(self) -> bool:
         """Every instance of the work, group by group; False when one failed (the result says what was undone)."""
-        insts = self.work.instances
         if not self._gate_ready():
             return False
-        groups = [insts] if self.work.whole or self.opts.parallel_instances else [[i] for i in insts]
+        groups = groups_of(self.work, self.opts)
         for k, group in enumerate(groups):
             later = [i for g in groups[k + 1:] for i in g]
             if self.fleet.abort.is_set():
@@ -184,11 +202,13 @@ class HostCycle:
             return False
         stop_first = self.work.stop_first if first else ()
         stops = [(unit, None) for unit in stop_first] + [(unit_of(i), i) for i in running]
-        reading = None  # the last stop reads the group's GPUs too: the gate's first reading, no round trip of its own
+        # The last stop reads the group's GPUs too: the gate's first reading, no round trip of its own; with
+        # nothing to stop, the stage's reading is (first group only: later ones start after GPUs changed).
+        reading = self.work.reading if first and not stops else None
         for k, (unit, inst) in enumerate(stops):
             reading = self._stop_unit(unit, inst, drained.get(unit, 0.0),
                                       [unit_of(i) for i in group] if k == len(stops) - 1 else [])
-        release = self._gpus_free(group, reading)
+        release = self._gpus_free(group, reading, stopped=bool(stops))
         if not release.free:
             self._undo(group, later, None, restart=False)
             return False
@@ -491,9 +511,11 @@ class HostCycle:
         # A host whose output lacks the reading (a wrapper that cut it short) is asked again on its own.
         return out if gpu_units and f"{MARK}gpus" in out else None
 
-    def _gpus_free(self, group: list[InstancePlan], first: str | None = None) -> gpurelease.Release:
+    def _gpus_free(self, group: list[InstancePlan], first: str | None = None,
+                   stopped: bool = True) -> gpurelease.Release:
         """Wait until every GPU of the group is free; a holder still there at the timeout fails, named by PID.
-        `first`: the output of a reading taken already (the stop's), judged before any new one is asked."""
+        `first`: the output of a reading taken already (the stop's or the stage's), judged before any new one is
+        asked. `stopped`: whether something was stopped for the group (else it is a first start)."""
         start = time.monotonic()
         gpus = sorted({g for i in group for g in i.gpus})
         self.fleet.progress(self.plan.name, f"waiting for GPU(s) {','.join(map(str, gpus))} to be released")
@@ -516,12 +538,14 @@ class HostCycle:
             if not verdict.free:
                 step.status = StepStatus.FAILED
                 pids = " ".join(str(h.pid) for h in verdict.holders)
+                when = f"not released {now - start:.0f}s after the stop" if stopped else \
+                    f"not free for the first start ({now - start:.0f}s waited)"
                 self.result.fail(
-                    Status.FAILED, f"GPU(s) of {name} not released {now - start:.0f}s after the stop: "
-                    f"{verdict.describe()}; nothing was started on them",
+                    Status.FAILED, f"GPU(s) of {name} {when}: {verdict.describe()}; nothing was started on them",
                     (f"an orphan keeps the GPU memory: stop it (kill {pids}), then rerun" if pids else
                      "find what holds the memory (nvidia-smi), free it, then rerun")
-                    + " (the instance stays stopped: a start now would fail vLLM's free-memory check)")
+                    + (" (the instance stays stopped" if stopped else " (it was not started")
+                    + ": a start now would fail vLLM's free-memory check)")
         return verdict
 
     def _gpu_reading(self, group: list[InstancePlan], gpus: list[int], text: str | None = None) -> gpurelease.Release:

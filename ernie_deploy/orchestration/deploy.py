@@ -25,7 +25,15 @@ from typing import Any, Protocol
 from ernie_deploy.checks.expectations import Expectations
 from ernie_deploy.orchestration import audit
 from ernie_deploy.orchestration.balancers import BalancerControl
-from ernie_deploy.orchestration.cycle import CycleOptions, HostCycle, Work, put_back, stray_processes, unit_of
+from ernie_deploy.orchestration.cycle import (
+    CycleOptions,
+    HostCycle,
+    Work,
+    first_start,
+    put_back,
+    stray_processes,
+    unit_of,
+)
 from ernie_deploy.orchestration.fleet import Fleet, FleetOptions, HostRun
 from ernie_deploy.orchestration.results import HostResult, Status
 from ernie_deploy.orchestration.rollout import Report, RolloutOptions, drive
@@ -42,6 +50,7 @@ from ernie_deploy.planning.plan import PlanContext
 from ernie_deploy.planning.render import environment_for_templates, templates_dir
 from ernie_deploy.remote import converge, lock, releases
 from ernie_deploy.remote.balancer import Applied
+from ernie_deploy.remote.protocol import MARK
 
 
 class BalancerSetup(Protocol):
@@ -235,7 +244,7 @@ class Runner:
             return
         if changes.files or changes.units:
             work.undo_to = ran_before(releases.parse_list(session.run(releases.list_command()).text), snap)
-        self._stage(run, snap, work.undo_to)
+        self._stage(run, snap, work)
         if not opts.activate:
             staged = f"staged {len(changes.files)} file(s)" if changes.files else "nothing to stage"
             units = ", ".join(changes.units)
@@ -303,10 +312,11 @@ class Runner:
                                    for c in changes.files],
                             restart=list(changes.restart), start=list(changes.start), prune=list(changes.prune))
 
-    def _stage(self, run: HostRun[Snapshot], snap: Snapshot, ran: dict[str, releases.Release]) -> None:
-        """Stage the files (recording a release); nothing is restarted."""
+    def _stage(self, run: HostRun[Snapshot], snap: Snapshot, work: Work) -> None:
+        """Stage the files (recording a release); nothing is restarted. When the cycle's first start has nothing
+        to stop first, the same command reads its GPUs for the gate (`work.reading`)."""
         assert run.session is not None
-        changes, name = snap.changes, run.host.name
+        changes, name, ran = snap.changes, run.host.name, work.undo_to
         # Units that only need a (re)start are found again by the next run; a release is a set of files.
         if not changes.files:
             return
@@ -316,9 +326,12 @@ class Runner:
         release = {**entry, "id": rid, "files": {f.path: f.sha256 for f in snap.files},
                    "changed": [c.path for c in changes.files]}
         keep = max(1, snap.plan.tuning.keep_releases)
+        gpu_units = first_start(work, self.cycle) if self.options.activate else []
         with self.fleet.step(run, "stage") as step:
-            run.session.run(converge.stage_command(snap.files, changes, entry, release, keep,
-                                                   tuple(sorted({r.id for r in ran.values()})),
-                                                   {u: r.id for u, r in ran.items()}))
+            out = run.session.run(converge.stage_command(snap.files, changes, entry, release, keep,
+                                                         tuple(sorted({r.id for r in ran.values()})),
+                                                         {u: r.id for u, r in ran.items()}, gpu_units)).text
             step.changed, step.evidence = bool(changes.files), [f"release {rid}"]
+        # A host whose output lacks the reading (a wrapper that cut it short) is asked again by the gate.
+        work.reading = out if gpu_units and f"{MARK}gpus" in out else None
         run.result.changing().release = rid

@@ -24,7 +24,7 @@ import re
 import shlex
 import tarfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any, ClassVar
@@ -37,7 +37,7 @@ from ernie_deploy.remote.audit import audit_line
 from ernie_deploy.remote.command import Command, Intent, Op
 from ernie_deploy.remote.facts import HostFacts
 from ernie_deploy.remote.protocol import MARK, marker, records, split
-from ernie_deploy.remote.rolling import baseline_script
+from ernie_deploy.remote.rolling import GpuRelease, baseline_script
 from ernie_deploy.remote.state import pending_add, pending_remove
 from ernie_deploy.remote.systemd import restarted_recently, started_at, up_seconds
 
@@ -220,7 +220,7 @@ class StagedFile:
 class Stage(Intent):
     """Install `files` atomically from the tar stream on stdin, mark the `pending` units (unit → the release it
     runs now, when known) and record release `release` of every `managed` file; keep the newest `keep`
-    releases and every one in `protect`. Restarts nothing."""
+    releases and every one in `protect`. Restarts nothing. With `gpu_units`, then read their GPUs (GpuRelease)."""
 
     op: ClassVar[Op] = Op.STAGE
     files: tuple[StagedFile, ...]
@@ -229,6 +229,7 @@ class Stage(Intent):
     managed: tuple[str, ...]
     keep: int
     protect: tuple[str, ...] = ()
+    gpu_units: tuple[str, ...] = ()
 
     def render(self) -> str:
         q = shlex.quote
@@ -262,19 +263,25 @@ class Stage(Intent):
                   f"while read -r old; do rm -rf {RELEASES_DIR}/\"$old\"; done",
                   auditlog.append_from(f"{STAGING_DIR}/audit.jsonl"),
                   f"printf '{RELEASE_MARK}%s\\n' {q(self.release)}"]
+        if self.gpu_units:
+            # Staged: a reading that fails (no nvidia-smi) is the GPU gate's to judge, not a failed stage.
+            lines += ["set +e", GpuRelease(self.gpu_units).render().rstrip("\n"), "true"]
         return "\n".join(lines) + "\n"
 
 
 def stage_command(files: list[RenderedFile], changes: Changes, audit: dict[str, Any], release: dict[str, Any],
-                  keep: int, protect: tuple[str, ...] = (), ran: dict[str, str] | None = None) -> Command:
+                  keep: int, protect: tuple[str, ...] = (), ran: dict[str, str] | None = None,
+                  gpu_units: Sequence[str] = ()) -> Command:
     """Install the changed files atomically, mark their units pending (with `ran`: unit → the release it runs
     now) and record the release; restart nothing. Releases in `protect` (what the units run now: a failed
-    start goes back to them) are never pruned."""
+    start goes back to them) are never pruned. With `gpu_units` (units about to start with nothing to stop
+    first), read their GPUs right after (rolling.parse_gpus reads the output): the GPU gate's first reading
+    without a round trip of its own."""
     ran = ran or {}
     wanted = {c.path for c in changes.files}
     staged = tuple(StagedFile(f.path, _staged_name(i), f.mode) for i, f in enumerate(files) if f.path in wanted)
     intent = Stage(staged, {u: ran.get(u) for u in changes.units}, str(release["id"]), tuple(f.path for f in files),
-                   keep, protect)
+                   keep, protect, tuple(gpu_units))
     return Command(intent, stdin=payload(files, changes, audit, release), timeout=300)
 
 
@@ -306,10 +313,14 @@ class Activate(Intent):
             lines.append("rm -f " + " ".join(q(d) for d in self.dropins))
             lines.append("rmdir " + " ".join(sorted({q(str(PurePosixPath(d).parent)) for d in self.dropins}))
                          + " 2>/dev/null || true")
+        if self.enable:
+            # enable reloads the manager itself unless told not to (systemctl(1), --no-reload); before the
+            # daemon-reload below that reload is one too many (62 ms of a lab host's 75 ms reload). enable works
+            # from the unit files on disk, so it needs no reload before it.
+            no_reload = "--no-reload " if self.daemon_reload else ""
+            lines.append(f"systemctl enable -q {no_reload}" + " ".join(q(u) for u in self.enable))
         if self.daemon_reload:
             lines.append("systemctl daemon-reload")
-        if self.enable:
-            lines.append("systemctl enable -q " + " ".join(q(u) for u in self.enable))
         for unit in self.start:
             if unit in self.baselines:
                 lines.append(baseline_script(unit, self.baselines[unit]))

@@ -27,7 +27,7 @@ from ernie_deploy.orchestration import resume
 from lab.haproxy import HAProxy, hook_script, running
 from lab.labhelpers import Units, wait_for
 from lab.loadgen import LoadBalancer, Sampler, complete, healthy, hook
-from lab.test_lab_deploy import clean, start_times
+from lab.test_lab_deploy import CLEAN, clean, start_times
 
 pytestmark = pytest.mark.lab
 
@@ -267,6 +267,29 @@ def test_process_holding_the_gpu_is_refused_before_the_stop_naming_it(capsys: py
     assert healthy("127.0.0.11:8000")
     units.cleanup()
     rc, doc = run(capsys, "restart", "-i", str(fleet), "--limit", "a10-1")
+    assert rc == 0 and healthy("127.0.0.11:8000"), doc["by_host"]["a10-1"]["message"]
+
+
+def test_a_process_holding_a_fresh_hosts_gpu_fails_its_first_start_naming_it(capsys: pytest.CaptureFixture[str],
+                                                                          lab: Lab, units: Units, fleet: Path) -> None:
+    """A host with nothing of ours on it, and a leaked EngineCore on its GPU: the GPU gate's first reading,
+    taken by the stage's own command through the host's shell and the simulated nvidia-smi, names the PID, and
+    the instance is not started (its staged files are taken back); freed, the same deploy starts it."""
+    lab.ssh("a10-1", CLEAN)
+    lab.ssh("a10-1", f"cat > {LEAK}", input=LEAK_PROGRAM)
+    units.start("a10-1", "leaked", f"/usr/bin/python3 {LEAK}", extra="KillSignal=SIGKILL\n")
+    assert wait_for(lambda: "VLLM::EngineCor" in lab.ssh("a10-1", "ps -e -o comm=").stdout, timeout=20)
+    pid = lab.ssh("a10-1", "systemctl show -p MainPID --value leaked.service").stdout.strip()
+    rc, doc = run(capsys, "deploy", "-i", str(fleet), "--limit", "a10-1", "--gpu-release-timeout", "2")
+    host = doc["by_host"]["a10-1"]
+    assert rc == 2 and f"PID {pid} (VLLM::EngineCor)" in host["message"], host["message"]
+    assert "not free for the first start" in host["message"] and f"kill {pid}" in host["hint"]
+    steps = [s["name"] for s in host["steps"]]
+    assert steps.index("stage") < steps.index("gpu release ernie-vllm-0") and not any(
+        s.startswith("start ") for s in steps), steps
+    assert units.state("a10-1", "ernie-vllm-0") == "inactive"
+    units.cleanup()
+    rc, doc = run(capsys, "deploy", "-i", str(fleet), "--limit", "a10-1")
     assert rc == 0 and healthy("127.0.0.11:8000"), doc["by_host"]["a10-1"]["message"]
 
 
