@@ -124,22 +124,19 @@ def test_running_vllm_is_read_from_each_main_process_not_from_the_default_path(t
     (purelib / "vllm-0.34.0.dist-info/METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.34.0\n")
     vllm = venv / "bin/vllm"
     vllm.write_text(f"#!{venv}/bin/python\nsleep 30\n")  # the test's process runs it with sh: it waits
-    units, shims = tmp_path / "units", tmp_path / "bin"
-    units.mkdir()
+    shims = tmp_path / "bin"
     shims.mkdir()
-    for name in ("ernie-vllm-0.service", "ernie-vllm-1.service"):
-        (units / name).write_text("[Service]\n")
     # The process as systemd runs it: the script behind its interpreter (argv[0] python, argv[1] the script).
     proc = subprocess.Popen(["bash", "-c", f'exec -a {venv}/bin/python sh "$0" serve /m', str(vllm)])
     try:
         deadline = time.monotonic() + 10
         while b"serve" not in Path(f"/proc/{proc.pid}/cmdline").read_bytes() and time.monotonic() < deadline:
             time.sleep(0.01)  # until bash has exec'd it
-        # systemctl: unit 0 runs that process, unit 1 is stopped (MainPID=0).
-        (shims / "systemctl").write_text(f'#!/bin/sh\ncase "$*" in *vllm-0*) echo {proc.pid};; *) echo 0;; esac\n')
-        (shims / "systemctl").chmod(0o755)
-        script = running_script().replace("/etc/systemd/system", str(units))
-        out = subprocess.run(["sh", "-c", script], capture_output=True, text=True,
+        # `systemctl show` of both: unit 0 runs that process, unit 1 is stopped (MainPID=0); systemd prints a
+        # service's MainPID before the unit's Id.
+        show = tmp_path / "show"
+        show.write_text(f"MainPID={proc.pid}\nId=ernie-vllm-0.service\n\nId=ernie-vllm-1.service\nMainPID=0\n")
+        out = subprocess.run(["sh", "-c", running_script(str(show))], capture_output=True, text=True,
                              env={"PATH": f"{shims}:/usr/bin:/bin"}).stdout
     finally:
         proc.kill()
@@ -277,3 +274,98 @@ def test_health_is_read_by_the_shell_without_starting_python(tmp_path: Path) -> 
     assert facts.health == {"a.service": "200", "b.service": "503", "c.service": "error Connection refused",
                             "d.service": out[3].split(" ", 1)[1]}
     assert health_script() in gather_script("/m", "/v/bin/vllm")
+
+
+def test_one_awk_reads_every_units_bind_port_and_gpus(tmp_path: Path) -> None:
+    """The unit table: the last --host/--port of the first ExecStart naming them (quotes dropped), vLLM's
+    defaults where absent, the first CUDA_VISIBLE_DEVICES; an empty unit file still gets its line."""
+    import subprocess
+
+    from ernie_deploy.remote.facts import UNIT_TABLE_AWK
+
+    files = {"ernie-vllm-0.service": "[Service]\nEnvironment=CUDA_VISIBLE_DEVICES=0,1\n"
+                                     "Environment=CUDA_VISIBLE_DEVICES=3\nExecStart=/v/bin/vllm serve /m "
+                                     "--host '127.0.0.5' --port 8001 --tensor-parallel-size 2\n"
+                                     "ExecStart=/v/bin/vllm serve /m --host 10.0.0.1 --port 9\n",
+             "ernie-vllm-1.service": "",
+             "ernie-vllm-2.service": "ExecStart=/v/bin/vllm serve /m\n",
+             "ernie-vllm-3.service": 'ExecStart=/v/bin/vllm serve /m --host "::" --port 80 --port 8002\n'}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    out = subprocess.run(["awk", UNIT_TABLE_AWK, *(str(tmp_path / n) for n in files)], capture_output=True,
+                         text=True, check=True).stdout
+    assert [line.split(" ") for line in out.splitlines()] == [
+        ["ernie-vllm-0.service", "127.0.0.5", "8001", "0,1"], ["ernie-vllm-1.service", "0.0.0.0", "8000", ""],
+        ["ernie-vllm-2.service", "0.0.0.0", "8000", ""], ["ernie-vllm-3.service", "::", "8002", ""]]
+
+
+def test_the_facts_script_reads_every_unit_with_one_systemctl_show_and_hashes_with_one_sha256sum(
+        tmp_path: Path) -> None:
+    """The whole script against a tree of managed files (its host paths moved under tmp_path) and a systemctl
+    and nvidia-smi that log their calls: every section parses as before, the units' state comes from one
+    `systemctl show` of all of them and the files from one sha256sum and one stat per field; the running
+    instance's vLLM is read from that show's MainPID."""
+    import shlex
+    import subprocess
+    import sys
+    import time
+
+    from ernie_deploy.planning.hostpaths import ENV_DIR, LOCK_DIR, PENDING_FILE, UNIT_DIR
+
+    root, shims, calls = tmp_path / "root", tmp_path / "bin", tmp_path / "calls"
+    units, envs = root / UNIT_DIR.lstrip("/"), root / ENV_DIR.lstrip("/")
+    for d in (units, envs, shims, root / LOCK_DIR.lstrip("/")):
+        d.mkdir(parents=True)
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    vllm = venv / "bin/vllm"
+    vllm.write_text(f"#!{sys.executable}\nsleep 30\n")  # run by sh below: it waits
+    for k in (0, 1):
+        (units / f"ernie-vllm-{k}.service").write_text(
+            f"[Service]\nEnvironment=CUDA_VISIBLE_DEVICES={k}\nExecStart={vllm} serve /m --host 127.0.0.1 "
+            f"--port {18000 + k}\n")
+        (envs / f"ernie-vllm-{k}.env").write_text(f"VLLM_K={k}\n")
+    (root / LOCK_DIR.lstrip("/") / "info").write_text("holder\n")
+    (root / PENDING_FILE.lstrip("/")).write_text("ernie-vllm-1.service r1\n")
+    proc = subprocess.Popen(["bash", "-c", f'exec -a {sys.executable} sh "$0" serve /m', str(vllm)])
+    try:
+        deadline = time.monotonic() + 10
+        while str(vllm).encode() not in Path(f"/proc/{proc.pid}/cmdline").read_bytes() and \
+                time.monotonic() < deadline:
+            time.sleep(0.01)
+        for tool, body in {
+            "systemctl": 'echo "systemctl $*" >> CALLS\ncase $1 in --version) echo "systemd 252 (252.39)"; '
+                         'echo "+PAM";; show) shift 4; for u; do [ "$u" = ernie-vllm-0.service ] && '
+                         'echo "MainPID=THEPID" || echo MainPID=0; printf "Id=%s\\nActiveState=active\\n'
+                         'SubState=running\\n\\n" "$u"; done;; esac',
+            "nvidia-smi": 'echo "nvidia-smi $*" >> CALLS\necho "0, NVIDIA A10, GPU-0, 23028, 550.54"',
+            "sha256sum": 'echo "sha256sum $#" >> CALLS\nexec /usr/bin/sha256sum "$@"',
+            "stat": 'echo "stat $#" >> CALLS\nexec /usr/bin/stat "$@"',
+        }.items():
+            (shims / tool).write_text("#!/bin/sh\n" + body.replace("CALLS", shlex.quote(str(calls)))
+                                      .replace("THEPID", str(proc.pid)) + "\n")
+            (shims / tool).chmod(0o755)
+        script = gather_script("/models/m", str(vllm))
+        for path in (PENDING_FILE, LOCK_DIR, ENV_DIR, UNIT_DIR):
+            script = script.replace(path, str(root) + path)
+        out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30,
+                             env={"PATH": f"{shims}:/usr/bin:/bin"}).stdout
+    finally:
+        proc.kill()
+        proc.wait()
+    facts = parse_facts(out)
+    unit_files = [str(units / f"ernie-vllm-{k}.service") for k in (0, 1)]
+    env_files = [str(envs / f"ernie-vllm-{k}.env") for k in (0, 1)]
+    assert sorted(facts.files) == sorted(unit_files + env_files) == sorted(facts.mtimes) == sorted(facts.ctimes)
+    assert sorted(facts.units) == ["ernie-vllm-0.service", "ernie-vllm-1.service"]
+    assert facts.units["ernie-vllm-0.service"].main_pid == proc.pid
+    assert facts.unit_gpus == {"ernie-vllm-0.service": (0,), "ernie-vllm-1.service": (1,)}
+    assert facts.systemd_version == 252 and [g.name for g in facts.gpus] == ["NVIDIA A10"]
+    assert facts.lock_info == "holder" and facts.pending_from == {"ernie-vllm-1.service": "r1"}
+    assert set(facts.health) == {"ernie-vllm-0.service", "ernie-vllm-1.service"}
+    assert all(h.startswith("error") for h in facts.health.values())  # nothing listens on 18000/18001
+    assert list(facts.running) == ["ernie-vllm-0.service"] and facts.running["ernie-vllm-0.service"].bin == str(vllm)
+    logged = calls.read_text().splitlines()
+    shows = [c for c in logged if c.startswith("systemctl show")]
+    assert len(shows) == 1 and shows[0].endswith("ernie-vllm-0.service ernie-vllm-1.service"), logged
+    assert [c for c in logged if c.startswith(("sha256sum", "stat"))] == ["sha256sum 4", "stat 6", "stat 6"]

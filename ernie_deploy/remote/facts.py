@@ -26,14 +26,40 @@ UNIT_GLOB = "ernie-vllm-*.service"
 DROPIN_DIRS = (UNIT_DIR, "/run/systemd/system")  # `systemctl edit` and `systemctl edit --runtime`
 
 
+# Per unit file named in its arguments, one line `UNIT BIND PORT GPUS`: the bind address and port of the first
+# ExecStart line that names them (the last --host/--port on it, quotes dropped; 0.0.0.0 and 8000 when absent, as
+# vLLM's own defaults) and the first CUDA_VISIBLE_DEVICES. One awk for every unit instead of a sed, head and tr
+# per value and unit; a file without those lines (even an empty one) still gets its line.
+UNIT_TABLE_AWK = r"""/^ExecStart=/ {
+  if (!(FILENAME in port) && match($0, /^ExecStart=.* --port [0-9]+/)) {
+    s = substr($0, 1, RLENGTH); sub(/.* --port /, "", s); port[FILENAME] = s }
+  if (!(FILENAME in bind) && match($0, /^ExecStart=.* --host [^ ]*/)) {
+    s = substr($0, 1, RLENGTH); sub(/.* --host /, "", s); gsub(/["']/, "", s); bind[FILENAME] = s }
+}
+/^Environment=CUDA_VISIBLE_DEVICES=/ && !(FILENAME in gpus) {
+  s = $0; sub(/^Environment=CUDA_VISIBLE_DEVICES=/, "", s); gpus[FILENAME] = s }
+END {
+  for (i = 1; i < ARGC; i++) {
+    f = ARGV[i]; u = f; sub(/.*\//, "", u)
+    h = (f in bind) ? bind[f] : ""; if (h == "") h = "0.0.0.0"
+    print u, h, ((f in port) ? port[f] : "8000"), gpus[f] } }"""
+
+# Prints a small file with the shell's own read (nothing when it is missing): no `cat` process per section.
+PRINT_FUNCTION = ("c() { [ -f \"$1\" ] || return 0; "
+                  "while IFS= read -r l || [ -n \"$l\" ]; do printf '%s\\n' \"$l\"; done < \"$1\"; }")
+
+
 def gather_script(model_path: str, vllm_bin: str, user: str = "vllm") -> str:
-    """The facts script. Paths are quoted; nothing secret is read into the output (env files: hashes only)."""
+    """The facts script. Paths are quoted; nothing secret is read into the output (env files: hashes only).
+    Each process it starts costs the host a millisecond or two of CPU, which many hosts sharing cores (and a
+    controller next to them) feel: files are hashed and stat'ed in one call each, every unit's settings come
+    from one awk and its state from one `systemctl show`, and small files are printed by the shell itself."""
     q = shlex.quote
-    show = show_command('"${f##*/}"')
     config = q(model_path.rstrip('/') + '/config.json')
     dropins = " ".join(f"{d}/{UNIT_GLOB}.d/*.conf" for d in DROPIN_DIRS)
     return f"""
 {MARK_FUNCTION}
+{PRINT_FUNCTION}
 t=$(mktemp -d) || exit 1
 trap 'rm -rf "$t"' EXIT
 # The slow readers run at once (nvidia-smi initialises the driver, a /health read waits on its instance): the facts
@@ -44,41 +70,40 @@ trap 'rm -rf "$t"' EXIT
   while IFS= read -r l; do case $l in [0-9]*) n=$((n + 1));; esac; done < "$t/gpus"
   [ "$n" -lt 2 ] || nvidia-smi topo -m > "$t/topo" 2>&1; }} &
 {{ {version_script(vllm_bin)}; }} > "$t/vllm" 2>&1 &
-{{ set --
-for f in {UNIT_DIR}/{UNIT_GLOB}; do [ -f "$f" ] || continue
-  port=$(sed -n 's/^ExecStart=.* --port \\([0-9][0-9]*\\).*/\\1/p' "$f" | head -n 1)
-  addr=$(sed -n 's/^ExecStart=.* --host \\([^ ]*\\).*/\\1/p' "$f" | head -n 1 | tr -d "'\\"")
-  set -- "$@" "${{f##*/}}" "${{addr:-0.0.0.0}}" "${{port:-8000}}"
-done
+set --
+for f in {UNIT_DIR}/{UNIT_GLOB}; do [ -f "$f" ] && set -- "$@" "$f"; done
+if [ $# -gt 0 ]; then
+  awk {q(UNIT_TABLE_AWK)} "$@" > "$t/units"
+  set --; while read -r u _; do set -- "$@" "$u"; done < "$t/units"
+  {show_command('"$@"')} > "$t/show" 2>/dev/null
+fi
+{{ set --; [ -f "$t/units" ] && while read -r u a p _; do set -- "$@" "$u" "$a" "$p"; done < "$t/units"
 [ $# -eq 0 ] || {health_script()}; }} > "$t/health" &
-{{ {running_script()}; }} > "$t/running" 2>/dev/null &
-m systemd; systemctl --version 2>&1 | head -n 1
-m files
-for f in {UNIT_DIR}/{UNIT_GLOB} {ENV_DIR}/ernie-vllm-*.env; do [ -f "$f" ] && sha256sum "$f"; done
-m mtimes
-for f in {UNIT_DIR}/{UNIT_GLOB} {ENV_DIR}/ernie-vllm-*.env; do [ -f "$f" ] && stat -c '%Y %n' "$f"; done
-m ctimes
-for f in {UNIT_DIR}/{UNIT_GLOB} {ENV_DIR}/ernie-vllm-*.env; do [ -f "$f" ] && stat -c '%Z %n' "$f"; done
-m units
-for f in {UNIT_DIR}/{UNIT_GLOB}; do [ -f "$f" ] && {show} && echo; done
-m dropins
-for f in {dropins}; do [ -f "$f" ] && sha256sum "$f"; done
-m unitgpus
-for f in {UNIT_DIR}/{UNIT_GLOB}; do [ -f "$f" ] && printf '%s %s\\n' "${{f##*/}}" \\
-  "$(sed -n 's/^Environment=CUDA_VISIBLE_DEVICES=//p' "$f" | head -n 1)"; done
+{{ {running_script('"$t/show"')}; }} > "$t/running" 2>/dev/null &
+m systemd; systemctl --version 2>&1
+set --
+for f in {UNIT_DIR}/{UNIT_GLOB} {ENV_DIR}/ernie-vllm-*.env; do [ -f "$f" ] && set -- "$@" "$f"; done
+m files; [ $# -eq 0 ] || sha256sum "$@"
+m mtimes; [ $# -eq 0 ] || stat -c '%Y %n' "$@"
+m ctimes; [ $# -eq 0 ] || stat -c '%Z %n' "$@"
+m units; c "$t/show"
+m dropins; set --
+for f in {dropins}; do [ -f "$f" ] && set -- "$@" "$f"; done
+[ $# -eq 0 ] || sha256sum "$@"
+m unitgpus; [ -f "$t/units" ] && while read -r u _ _ g; do printf '%s %s\\n' "$u" "$g"; done < "$t/units"
 m now; {NOW}
 m wallnow; date +%s.%N
 m model; cat {config} 2>&1; rc=$?; echo; echo "rc=$rc"
 m modeluser; if id -u {q(user)} >/dev/null 2>&1; then
   runuser -u {q(user)} -- test -r {config} && echo readable || echo unreadable; fi
-m lock; cat {LOCK_DIR}/info 2>/dev/null
-m pending; cat {PENDING_FILE} 2>/dev/null
+m lock; c {LOCK_DIR}/info
+m pending; c {PENDING_FILE}
 wait
-m gpus; cat "$t/gpus"
-m topo; cat "$t/topo" 2>/dev/null
-m health; cat "$t/health"
-m vllm; cat "$t/vllm"
-m running; cat "$t/running"
+m gpus; c "$t/gpus"
+m topo; c "$t/topo"
+m health; c "$t/health"
+m vllm; c "$t/vllm"
+m running; c "$t/running"
 m end
 """
 
@@ -143,18 +168,21 @@ def version_script(vllm_bin: str) -> str:
             f"if [ -n \"$v\" ]; then echo \"$v\"; echo rc=0; else {q(vllm_bin)} --version 2>&1; echo \"rc=$?\"; fi")
 
 
-def running_script() -> str:
+def running_script(show_file: str) -> str:
     """Per running managed unit, the `vllm` program its main process runs (from /proc/PID/cmdline: the script
     is argv[1] behind its interpreter, or argv[0]) and that program's version: after a rollback the process can
-    run another venv than the default path has. One tab-separated line each: unit, program, version (empty
-    when unknown). No `vllm --version` fallback here: it would import torch once per instance."""
-    return (f"for f in {UNIT_DIR}/{UNIT_GLOB}; do [ -f \"$f\" ] || continue; u=${{f##*/}}; "
-            "pid=$(systemctl show -p MainPID --value \"$u\" 2>/dev/null); "
-            "case \"$pid\" in ''|0|*[!0-9]*) continue;; esac; "
+    run another venv than the default path has. The units and their main PIDs come from `show_file` (shell
+    text), the `systemctl show` the facts took of them (blocks split by a blank line, properties in systemd's
+    order). One tab-separated line each: unit, program, version
+    (empty when unknown). No `vllm --version` fallback here: it would import torch once per instance."""
+    return (f"u=; pid=; [ -f {show_file} ] && while IFS= read -r l; do case $l in "
+            "Id=*) u=${l#Id=};; MainPID=*) pid=${l#MainPID=};; '') u=; pid=; continue;; esac; "
+            "[ -n \"$u\" ] && [ -n \"$pid\" ] || continue; "
+            "case \"$pid\" in 0|*[!0-9]*) u=; pid=; continue;; esac; "
             "b=$(tr '\\000' '\\n' < /proc/\"$pid\"/cmdline 2>/dev/null | head -n 2 | grep -m 1 '/vllm$'); "
-            "[ -n \"$b\" ] || continue; "
-            + metadata_version('"$b"') + "; "
-            "printf '%s\\t%s\\t%s\\n' \"$u\" \"$b\" \"$v\"; done")
+            "if [ -n \"$b\" ]; then " + metadata_version('"$b"') + "; "
+            "printf '%s\\t%s\\t%s\\n' \"$u\" \"$b\" \"$v\"; fi; u=; pid=; "
+            f"done < {show_file}")
 
 
 @dataclass(frozen=True)
