@@ -131,6 +131,26 @@ def balancers(args: argparse.Namespace, inventory: Inventory, ctx: PlanContext, 
             setup.close()
 
 
+@contextlib.contextmanager
+def connect_ahead(args: argparse.Namespace, hosts: Sequence[Host]) -> Iterator[Connector]:
+    """The command's connector (`connector`), already connecting to the first --forks of `hosts` while the
+    command loads the rest of itself (orchestration/ahead.py); what nobody claimed is closed on the way out.
+    Called once the command's own input is judged: bad input connects to nothing. A host whose connection
+    variables are bad is not connected ahead: the fleet reports it on that host alone, as before."""
+    from ernie_deploy.errors import DeployError
+    from ernie_deploy.orchestration.ahead import ConnectAhead
+    from ernie_deploy.orchestration.transport import target_for
+    targets = []
+    for host in hosts[:max(1, args.forks)]:
+        with contextlib.suppress(DeployError):
+            targets.append(target_for(host, args.known_hosts))
+    ahead = ConnectAhead(connector(args), targets, args.forks)
+    try:
+        yield ahead
+    finally:
+        ahead.close()
+
+
 def fleet_options(args: argparse.Namespace) -> FleetOptions:
     from ernie_deploy.orchestration.fleet import FleetOptions
     return FleetOptions(forks=args.forks, known_hosts=tuple(args.known_hosts))
@@ -297,15 +317,17 @@ def _day2_options(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    from ernie_deploy.orchestration.deploy import Options, Runner
-    from ernie_deploy.output import console
     from ernie_deploy.planning.balancer import render_balancer, split_hosts
     inventory, ctx, chosen = selected(args)
     hosts, chosen_balancers = split_hosts(chosen)
     command = "ernie-deploy deploy" + (" --check" if args.check else "")
     exp = playbook_checks(args.playbook)
-    gate = rollout.slo_gate(args)
-    with balancers(args, inventory, ctx, apply=[h.name for h in chosen_balancers]) as lb:
+    rollout.validate(args)
+    with balancers(args, inventory, ctx, apply=[h.name for h in chosen_balancers]) as lb, \
+            connect_ahead(args, hosts) as connect:
+        from ernie_deploy.orchestration.deploy import Options, Runner  # loads while the hosts connect
+        from ernie_deploy.output import console
+        gate = rollout.slo_gate(args)
         options = Options(check=args.check, diff=args.diff, prune=args.prune, forks=args.forks,
                           any_errors_fatal=args.any_errors_fatal, lock_wait=args.lock_wait,
                           health_timeout=args.health_timeout, known_hosts=tuple(args.known_hosts),
@@ -314,7 +336,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
                           rollout=rollout.rollout_options(args, "deploy", preflight=args.serial is not None,
                                                           balancers=lb.names, gate=gate),
                           balancer_setup=lb.setup, render_balancer=render_balancer)
-        runner = Runner(ctx, connector(args), options, expectations=exp)
+        runner = Runner(ctx, connect, options, expectations=exp)
         with console.HostProgress("deploy" + (" (check mode)" if args.check else "")) as progress:
             runner.fleet.progress = progress.update
             results = runner.run(hosts)
@@ -333,13 +355,14 @@ def _finish(args: argparse.Namespace, name: str, results: list[HostResult], stop
 
 
 def _restart(args: argparse.Namespace, mode: str) -> int:
-    from ernie_deploy.orchestration.restart import Restarter, RestartOptions
-    from ernie_deploy.output import console
     inventory, ctx, hosts = targets(args)
     command = f"ernie-deploy {mode}" + (" --check" if args.check else "")
     exp = playbook_checks(args.playbook)
-    gate = rollout.slo_gate(args)
-    with balancers(args, inventory, ctx) as lb:
+    rollout.validate(args)
+    with balancers(args, inventory, ctx) as lb, connect_ahead(args, hosts) as connect:
+        from ernie_deploy.orchestration.restart import Restarter, RestartOptions  # loads while the hosts connect
+        from ernie_deploy.output import console
+        gate = rollout.slo_gate(args)
         cycle = dataclasses.replace(rollout.cycle_options(args, mode, lb.control, lb.plans, gate),
                                     health_timeout=args.health_timeout)
         options = RestartOptions(mode=mode, instance=args.instance, to=getattr(args, "to", None), check=args.check,
@@ -347,7 +370,7 @@ def _restart(args: argparse.Namespace, mode: str) -> int:
                                  command=command, templates=args.templates, cycle=cycle,
                                  rollout=rollout.rollout_options(args, mode, preflight=True, balancers=lb.names,
                                                                  gate=gate))
-        restarter = Restarter(ctx, connector(args), options, expectations=exp)
+        restarter = Restarter(ctx, connect, options, expectations=exp)
         with console.HostProgress(mode + (" (check mode)" if args.check else "")) as progress:
             restarter.fleet.progress = progress.update
             results = restarter.run(hosts)

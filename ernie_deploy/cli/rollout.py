@@ -74,6 +74,21 @@ def add_options(p: argparse.ArgumentParser, *, rollback: bool = True, instance: 
                    help="draw the rollout as FILE.svg or FILE.html: one row per instance, its phases on a time axis")
 
 
+def validate(args: argparse.Namespace) -> None:
+    """The rollout options' own bad values, judged before the command contacts any host."""
+    from ernie_deploy.planning.batches import parse_percentage, serial_of
+    if args.canary < 0:
+        raise DeployError(f"--canary must be 0 or more, got {args.canary}", hint="--canary 1 makes the first host "
+                                                                                  "a batch of its own")
+    if args.timeline is not None and args.timeline.suffix.lower() not in (".svg", ".html", ".htm"):
+        raise DeployError(f"--timeline {args.timeline}: the file must end in .svg or .html",
+                          hint="--timeline rollout.svg")
+    if args.serial is not None:
+        serial_of(args.serial, "--serial")
+    if args.max_fail_percentage:
+        parse_percentage(args.max_fail_percentage)
+
+
 def slo_gate(args: argparse.Namespace) -> SloGate:
     """The rollout's SLO gate, one object for cycle_options and rollout_options (the rollout names its batch)."""
     from ernie_deploy.orchestration.bench import SloGate
@@ -93,14 +108,9 @@ def cycle_options(args: argparse.Namespace, command: str, balancers: BalancerCon
 def rollout_options(args: argparse.Namespace, command: str, *, preflight: bool,
                     balancers: Sequence[str] = (), gate: SloGate | None = None) -> RolloutOptions:
     from ernie_deploy.orchestration import resume
-    from ernie_deploy.orchestration.rollout import RolloutOptions, serial_of
-    from ernie_deploy.planning.batches import parse_percentage
-    if args.canary < 0:
-        raise DeployError(f"--canary must be 0 or more, got {args.canary}", hint="--canary 1 makes the first host "
-                                                                                  "a batch of its own")
-    if args.timeline is not None and args.timeline.suffix.lower() not in (".svg", ".html", ".htm"):
-        raise DeployError(f"--timeline {args.timeline}: the file must end in .svg or .html",
-                          hint="--timeline rollout.svg")
+    from ernie_deploy.orchestration.rollout import RolloutOptions
+    from ernie_deploy.planning.batches import parse_percentage, serial_of
+    validate(args)
     key = None if getattr(args, "check", False) else \
         resume.key_of(command, args.inventory, args.limit, getattr(args, "instance", None))
     return RolloutOptions(

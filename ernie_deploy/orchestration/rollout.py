@@ -36,7 +36,7 @@ from ernie_deploy.orchestration.results import HostResult, Status
 from ernie_deploy.orchestration.snapshot import release_lock
 from ernie_deploy.orchestration.timeline import Timeline
 from ernie_deploy.orchestration.transport import RemoteHost
-from ernie_deploy.planning.batches import SERIAL_HINT, SerialItem, batch_stops, form_batches, parse_serial
+from ernie_deploy.planning.batches import SERIAL_HINT, SerialItem, batch_stops, form_batches, serial_of
 
 SERIAL_VAR = "vllm_serial"  # the inventory's serial for rolling changes (docs/rolling.md)
 
@@ -227,20 +227,6 @@ def _gate(runs: list[HostRun[S]], opts: RolloutOptions, report: Report) -> None:
         limits = ", ".join(f"{var} {value}" for var, value in found.items())
         by_name[name].result.evidence.append(f"SLO gate (batch {k + 1}): each (re)started instance is benched after "
                                              f"its checks against {limits}")
-
-
-def serial_of(text: str, where: str) -> list[SerialItem]:
-    """A serial as typed (--serial, vllm_serial): "all" for every host at once (asked for by name), else
-    parse_serial's forms (100% says what it does); a lone 0 (Ansible's "all remaining") is refused: it restarted
-    every host at once without saying so."""
-    if text.strip().lower() == "all":
-        return [0]
-    items = parse_serial(text)
-    if items == [0]:
-        raise DeployError(f"{where} {text}: every host at once", where=where,
-                          hint="a change to serving instances rolls one host at a time by default; to take every "
-                               f"host down at once say so by name: {where} all")
-    return items
 
 
 def inventory_serial(hosts: Sequence[RemoteHost]) -> list[SerialItem]:

@@ -67,6 +67,20 @@ def parse_serial(text: str) -> list[SerialItem]:
     return [_parse_item(part, whole=text) for part in text.split(",")]
 
 
+def serial_of(text: str, where: str) -> list[SerialItem]:
+    """A serial as typed (--serial, vllm_serial): "all" for every host at once (asked for by name), else
+    parse_serial's forms (100% says what it does); a lone 0 (Ansible's "all remaining") is refused: it restarted
+    every host at once without saying so."""
+    if text.strip().lower() == "all":
+        return [0]
+    items = parse_serial(text)
+    if items == [0]:
+        raise DeployError(f"{where} {text}: every host at once", where=where,
+                          hint="a change to serving instances rolls one host at a time by default; to take every "
+                               f"host down at once say so by name: {where} all")
+    return items
+
+
 def _batch_size(item: SerialItem, total: int) -> int:
     if isinstance(item, str):
         parsed = _parse_item(item, whole=item)
