@@ -160,11 +160,11 @@ def connector(args: argparse.Namespace) -> Connector:
     """Opens a host's transport: SSH, or this machine itself for ansible_connection local (remote/local.py),
     where the host-key policy, known_hosts and --host-timeout do not apply."""
     from ernie_deploy.inventory.connection import ConnectionType
-    from ernie_deploy.output.remote import say_accept_new
     from ernie_deploy.remote import local
     from ernie_deploy.remote.ssh import connect
     policy = HostKeyPolicy(args.host_key_policy)
     if policy is HostKeyPolicy.ACCEPT_NEW:
+        from ernie_deploy.output.remote import say_accept_new  # only then: it loads the results' renderers
         log.warning("host key policy accept-new: unknown host keys will be recorded")
         say_accept_new(getattr(args, "check", False))
     # Check mode changes nothing, the controller's known_hosts included.

@@ -13,8 +13,8 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import cached_property
+from typing import NamedTuple
 
 from .simstate import (
     Gpu,
@@ -59,14 +59,13 @@ class Usage:
         return utilization_by_gpu(self.entries)
 
 
-@dataclass(frozen=True)
 class GpuView:
     """One GPU with its current simulated usage."""
 
-    gpu: Gpu
-    usage: Usage
-    count: int
-    host: HostGpus
+    __slots__ = ("count", "gpu", "host", "usage")
+
+    def __init__(self, gpu: Gpu, usage: Usage, count: int, host: HostGpus) -> None:
+        self.gpu, self.usage, self.count, self.host = gpu, usage, count, host
 
     @property
     def used_mib(self) -> int:
@@ -101,8 +100,7 @@ class GpuView:
         return "8.6" if "A10" in self.gpu.name else "8.0"
 
 
-@dataclass(frozen=True)
-class Field:
+class Field(NamedTuple):
     header: str  # header text including the unit suffix, e.g. "memory.total [MiB]"
     unit: str  # appended to values unless nounits, e.g. " MiB"
     value: Callable[[GpuView], str]
@@ -160,14 +158,14 @@ def _invalid_field(name: str) -> SmiError:
     return SmiError(f'Field "{name}" is not a valid field to query.\n\n', EXIT_INVALID_ARG)
 
 
-@dataclass
 class Options:
-    query_gpu: list[str] | None = None
-    query_apps: list[str] | None = None
-    fmt: set[str] | None = None
-    ids: list[str] | None = None
-    list_gpus: bool = False
-    topo: bool = False
+    def __init__(self) -> None:
+        self.query_gpu: list[str] | None = None
+        self.query_apps: list[str] | None = None
+        self.fmt: set[str] | None = None
+        self.ids: list[str] | None = None
+        self.list_gpus = False
+        self.topo = False
 
 
 def _take_value(args: list[str], i: int, flag: str) -> tuple[str, int]:

@@ -12,9 +12,8 @@ import json
 import os
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 MIB = 1024 * 1024
 
@@ -39,18 +38,33 @@ def usage_dir() -> Path:
     return lab_root() / "run/ernie-lab/gpu"
 
 
-@dataclass(frozen=True)
+# Records are NamedTuples and plain classes, not dataclasses: nvidia-smi runs this module on every call (the
+# facts of every deploy, each GPU gate's reading), and importing dataclasses (with inspect) was a third of its
+# start-up.
 class Gpu:
-    index: int
-    name: str
-    uuid: str
-    memory_total_mib: int
-    pci_bus_id: str
-    numa_node: int | None = None
+    """One simulated GPU (read-only by convention)."""
+
+    __slots__ = ("index", "memory_total_mib", "name", "numa_node", "pci_bus_id", "uuid")
+
+    def __init__(self, index: int, name: str, uuid: str, memory_total_mib: int, pci_bus_id: str,
+                 numa_node: int | None = None) -> None:
+        self.index, self.name, self.uuid = index, name, uuid
+        self.memory_total_mib, self.pci_bus_id, self.numa_node = memory_total_mib, pci_bus_id, numa_node
+
+    def _key(self) -> tuple[object, ...]:
+        return (self.index, self.name, self.uuid, self.memory_total_mib, self.pci_bus_id, self.numa_node)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Gpu) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return f"Gpu{self._key()!r}"
 
 
-@dataclass(frozen=True)
-class HostGpus:
+class HostGpus(NamedTuple):
     driver_version: str
     cuda_version: str
     nvlink: bool
@@ -154,8 +168,7 @@ def pid_alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-@dataclass
-class GpuProc:
+class GpuProc(NamedTuple):
     """One process holding memory on one GPU, as nvidia-smi --query-compute-apps lists it."""
 
     pid: int
@@ -165,13 +178,20 @@ class GpuProc:
     process_name: str
 
 
-@dataclass
 class UsageEntry:
     """One registry file: a vLLM process group (or an orphan) and what it holds per GPU."""
 
-    key: str
-    utilization_gpu: int
-    procs: list[GpuProc] = field(default_factory=list)
+    def __init__(self, key: str, utilization_gpu: int, procs: list[GpuProc] | None = None) -> None:
+        self.key = key
+        self.utilization_gpu = utilization_gpu
+        self.procs: list[GpuProc] = [] if procs is None else procs
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, UsageEntry) and (self.key, self.utilization_gpu, self.procs) == (
+            other.key, other.utilization_gpu, other.procs)
+
+    def __repr__(self) -> str:
+        return f"UsageEntry(key={self.key!r}, utilization_gpu={self.utilization_gpu!r}, procs={self.procs!r})"
 
 
 def read_entries() -> list[UsageEntry]:
@@ -302,7 +322,7 @@ def write_entry(entry: UsageEntry) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     data = {
         "utilization_gpu": entry.utilization_gpu,
-        "procs": [p.__dict__ for p in entry.procs],
+        "procs": [p._asdict() for p in entry.procs],
     }
     tmp = directory / f".{entry.key}.tmp"
     tmp.write_text(json.dumps(data, indent=1))
