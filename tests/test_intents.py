@@ -117,18 +117,42 @@ def test_the_script_and_the_label_come_from_the_intent() -> None:
     assert cmd.label == "watch instance ernie-vllm-0.service" and cmd.op is Op.WATCH
 
 
-@pytest.mark.parametrize("reload", [True, False])
-def test_a_first_activation_reloads_systemd_once(reload: bool) -> None:
-    """enable reloads the manager itself unless given --no-reload: with the daemon-reload of new unit files it
-    goes first and reloads nothing, so the manager reloads once (a reload took 75 ms on a lab host)."""
+@pytest.mark.parametrize("forced", [True, False])
+def test_an_activation_reloads_systemd_at_most_once(forced: bool) -> None:
+    """enable reloads the manager itself unless given --no-reload: with a reload of our own due (forced, or
+    asked of systemd for the written unit files) it goes first and reloads nothing (a reload took 75-100 ms on a
+    lab host)."""
     units = ("ernie-vllm-0.service", "ernie-vllm-1.service")
-    script = Activate(units, {}, enable=units, daemon_reload=reload).render()
-    calls = [line for line in script.splitlines() if line.startswith("systemctl ")]
-    reloads = [c for c in calls if c == "systemctl daemon-reload" or
-               (c.startswith("systemctl enable ") and "--no-reload" not in c.split())]
-    assert len(reloads) == 1
-    enable = next(k for k, c in enumerate(calls) if c.startswith("systemctl enable "))
-    start = next(k for k, c in enumerate(calls) if c.startswith("systemctl start "))
-    assert enable < start and all(u in calls[enable] for u in units)
-    if reload:
-        assert calls.index("systemctl daemon-reload") == enable + 1
+    script = Activate(units, {}, enable=units, daemon_reload=forced, written=units).render()
+    lines = script.splitlines()
+    enable = next(k for k, c in enumerate(lines) if c.startswith("systemctl enable "))
+    start = next(k for k, c in enumerate(lines) if c.startswith("systemctl start "))
+    assert "--no-reload" in lines[enable].split() and all(u in lines[enable] for u in units)
+    reloads = [k for k, c in enumerate(lines) if "systemctl daemon-reload" in c]
+    assert reloads == [enable + 1] and enable < start
+    assert (lines[enable + 1] == "systemctl daemon-reload") is forced
+    plain = Activate(units, {}, enable=units).render()
+    assert "daemon-reload" not in plain and "--no-reload" not in plain  # enable reloads for itself
+
+
+@pytest.mark.parametrize(("show", "reloads"), [
+    ("loaded\nno\n\nloaded\nno\n", False),  # new units: systemd read them from disk on the query
+    ("loaded\nyes\n\nloaded\nno\n", True),  # one it holds from an older file
+    ("not-found\nno\n\nloaded\nno\n", True),  # one it keeps as missing
+    ("", True),  # no answer
+])
+def test_systemd_reloads_only_when_it_holds_an_older_or_missing_unit_file(tmp_path: Path, show: str,
+                                                                           reloads: bool) -> None:
+    import subprocess
+
+    log = tmp_path / "calls"
+    (tmp_path / "systemctl").write_text(
+        f"#!/bin/sh\necho \"$1\" >> {log}\ncase $1 in show) printf '{show}'; [ -n '{show}' ];; esac\n")
+    (tmp_path / "systemctl").chmod(0o755)
+    units = ("ernie-vllm-0.service", "ernie-vllm-1.service")
+    script = Activate((), {}, written=units).render()
+    script = script[:script.index("mkdir -p")]  # the audit line writes under /var/log
+    done = subprocess.run(["sh", "-c", script], env={"PATH": f"{tmp_path}:/usr/bin:/bin"}, capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stderr
+    assert ("daemon-reload" in log.read_text().split()) is reloads

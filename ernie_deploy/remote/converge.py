@@ -73,8 +73,14 @@ class Changes:
 
     @property
     def daemon_reload(self) -> bool:
-        return self.reload or any(f.path.endswith(".service") for f in self.files) or bool(self.prune) \
-            or bool(self.dropins)
+        """systemd must reload whatever it holds: a unit file removed (pruned, a drop-in) or restored another way."""
+        return self.reload or bool(self.prune) or bool(self.dropins)
+
+    @property
+    def written_units(self) -> tuple[str, ...]:
+        """The units whose unit file this change writes: systemd reloads for them only if it holds an older one
+        (Activate asks it)."""
+        return tuple(sorted(PurePosixPath(f.path).name for f in self.files if f.path.endswith(".service")))
 
     @property
     def units(self) -> tuple[str, ...]:
@@ -287,9 +293,11 @@ def stage_command(files: list[RenderedFile], changes: Changes, audit: dict[str, 
 
 @dataclass(frozen=True)
 class Activate(Intent):
-    """Prune `prune` (and remove `dropins`), daemon-reload once when asked, enable `enable`, start exactly
-    `start` and print each new run's invocation; `baselines` (unit → its GPUs): record their used memory before
-    that unit starts."""
+    """Prune `prune` (and remove `dropins`), daemon-reload once when asked (`daemon_reload`), or when systemd
+    holds an older copy of a unit file in `written` (else it reads a unit it does not hold from disk when it is
+    started: a reload re-reads every unit, 0.1 s on a lab host and more on a host with many units), enable
+    `enable`, start exactly `start` and print each new run's invocation; `baselines` (unit → its GPUs): record
+    their used memory before that unit starts."""
 
     op: ClassVar[Op] = Op.ACTIVATE
     start: tuple[str, ...]
@@ -299,6 +307,7 @@ class Activate(Intent):
     dropins: tuple[str, ...] = ()
     daemon_reload: bool = False
     baselines: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    written: tuple[str, ...] = ()
 
     def render(self) -> str:
         q = shlex.quote
@@ -314,13 +323,19 @@ class Activate(Intent):
             lines.append("rmdir " + " ".join(sorted({q(str(PurePosixPath(d).parent)) for d in self.dropins}))
                          + " 2>/dev/null || true")
         if self.enable:
-            # enable reloads the manager itself unless told not to (systemctl(1), --no-reload); before the
-            # daemon-reload below that reload is one too many (62 ms of a lab host's 75 ms reload). enable works
-            # from the unit files on disk, so it needs no reload before it.
-            no_reload = "--no-reload " if self.daemon_reload else ""
+            # enable reloads the manager itself unless told not to (systemctl(1), --no-reload); the reload below
+            # (when one is due) covers it. enable works from the unit files on disk, so it needs none before it.
+            no_reload = "--no-reload " if self.daemon_reload or self.written else ""
             lines.append(f"systemctl enable -q {no_reload}" + " ".join(q(u) for u in self.enable))
         if self.daemon_reload:
             lines.append("systemctl daemon-reload")
+        elif self.written:
+            # systemd says NeedDaemonReload=yes for a unit it holds from an older file, and not-found for one it
+            # keeps as missing (before 246 it never looks again); a unit it does not hold (new, or inactive and
+            # unreferenced) it loads from disk on this very query. Anything else, or no answer: reload.
+            units = " ".join(q(u) for u in self.written)
+            lines.append(f"s=$(systemctl show -p LoadState,NeedDaemonReload --value {units}) && "
+                         "! printf '%s\\n' \"$s\" | grep -qvxE 'loaded|no|' || systemctl daemon-reload")
         for unit in self.start:
             if unit in self.baselines:
                 lines.append(baseline_script(unit, self.baselines[unit]))
@@ -346,7 +361,7 @@ def activate_command(changes: Changes, audit: dict[str, Any],
     before each unit starts (the baseline the gate waits for after its next stop)."""
     baselines = {u: (gpus or {})[u] for u in changes.start if (gpus or {}).get(u)}
     return Command(Activate(changes.start, audit, changes.enable, changes.prune, changes.dropins,
-                            changes.daemon_reload, baselines))
+                            changes.daemon_reload, baselines, changes.written_units))
 
 
 @dataclass(frozen=True)
