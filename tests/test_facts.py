@@ -369,3 +369,20 @@ def test_the_facts_script_reads_every_unit_with_one_systemctl_show_and_hashes_wi
     shows = [c for c in logged if c.startswith("systemctl show")]
     assert len(shows) == 1 and shows[0].endswith("ernie-vllm-0.service ernie-vllm-1.service"), logged
     assert [c for c in logged if c.startswith(("sha256sum", "stat"))] == ["sha256sum 4", "stat 6", "stat 6"]
+
+
+def test_the_shell_reads_the_monotonic_clock_in_microseconds_as_awk_did() -> None:
+    """NOW (remote/systemd.py) turns /proc/uptime's seconds into µs with the shell alone; it agrees with the
+    awk it replaced, and a line of another shape still goes to awk."""
+    import subprocess
+
+    from ernie_deploy.remote.systemd import NOW
+
+    awk = "awk '{printf \"%.0f\\n\", $1 * 1000000}' /proc/uptime"
+    shell, reference = (int(subprocess.run(["sh", "-c", s], capture_output=True, text=True, check=True).stdout)
+                        for s in (NOW, awk))
+    assert 0 <= reference - shell < 2_000_000
+    read, _, rest = NOW.partition("; ")
+    assert read == "read -r up _ < /proc/uptime"
+    odd = subprocess.run(["sh", "-c", "up=7.5; " + rest], capture_output=True, text=True, check=True).stdout
+    assert odd.strip().isdigit()

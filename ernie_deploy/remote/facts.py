@@ -148,8 +148,10 @@ def metadata_version(bin_expr: str) -> str:
     one `vllm-*.dist-info/METADATA` in the site-packages of the interpreter's prefix (a venv: PEP 405; the
     file: core metadata's `Version:`), starting no interpreter; where there is none or more than one (a system
     Python's dist-packages, a broken install), that interpreter's importlib.metadata says, in milliseconds."""
-    return (f"py=$(head -n 1 {bin_expr} 2>/dev/null | "
-            "sed -n 's/^#![[:space:]]*\\([^[:space:]]*python[^[:space:]]*\\).*/\\1/p'); v=; "
+    # The shebang's first word, when it names a python, read by the shell itself (no head and sed per read).
+    return (f"py=; l=; [ -f {bin_expr} ] && IFS= read -r l < {bin_expr}; "
+            "case $l in '#!'*) l=${l#??}; l=${l#\"${l%%[![:space:]]*}\"}; py=${l%%[[:space:]]*}; "
+            "case $py in *python*) ;; *) py=;; esac;; esac; v=; "
             "if [ -n \"$py\" ] && [ -x \"$py\" ]; then md=; n=0; "
             "for x in \"${py%/bin/*}\"/lib/python*/site-packages/vllm-*.dist-info/METADATA; do "
             "[ -f \"$x\" ] && md=$x && n=$((n + 1)); done; "

@@ -27,7 +27,10 @@ class UnitState:
 
 # The host's monotonic clock in µs, to age ExecMainStartTimestampMonotonic. /proc/uptime counts from boot, which
 # equals CLOCK_MONOTONIC on hosts that never suspend (servers).
-NOW = "awk '{printf \"%.0f\\n\", $1 * 1000000}' /proc/uptime"
+# The monotonic clock in µs, as systemd's *TimestampMonotonic: /proc/uptime's seconds always have two decimals
+# (proc(5)), so the shell writes µs without a process of its own; awk where the line looks otherwise.
+NOW = ("read -r up _ < /proc/uptime; case $up in *.[0-9][0-9]) echo \"${up%.*}${up#*.}0000\";; "
+       "*) awk '{printf \"%.0f\\n\", $1 * 1000000}' /proc/uptime;; esac")
 
 
 def up_seconds(state: UnitState, now_us: int | None) -> float | None:
