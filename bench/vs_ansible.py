@@ -21,7 +21,9 @@ Scenarios, runs alternating between the tools:
             reads the version from the package metadata, so it must cost what nochange costs
 ernie-deploy and Ansible work on min(hosts, 16) hosts at once (--forks / -f); pyinfra on every host at once.
 Per tool: median and min-max wall seconds, ernie-deploy's ratio to it, control-machine CPU seconds per host
-(user + system of the tool and its children), and SSH connections per host (sshd's journal on the hosts).
+(user + system of the tool and its children), the lab hosts' CPU seconds per host (all of a container's
+processes: sshd, shells, the simulators; from its cgroup), and SSH connections per host (sshd's journal on the
+hosts).
 The floor is a fresh Python that imports paramiko and makes one SSH connection plus one command per host, in
 parallel.
 """
@@ -92,6 +94,7 @@ class Sample:
     commands: str  # per host, as the tool reports it
     changed: str
     phases: dict[str, float] = field(default_factory=dict)  # ernie-deploy: median seconds per instance phase
+    host_cpu: float = 0.0  # per host: CPU seconds the lab hosts spent (sshd, shells, the simulators...)
 
 
 @dataclass
@@ -140,10 +143,12 @@ class Bench:
                "ANSIBLE_CONFIG": str(BENCH / "ansible" / "ansible.cfg"), "PATH": f"{BIN}:{os.environ['PATH']}"}
         cursors = self.on_hosts("journalctl -u ssh -n 0 --show-cursor --no-pager | sed -n 's/^-- cursor: //p'")
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        host_before = self.host_cpu()
         t0 = time.perf_counter()
         done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=1800, check=False)
         wall = time.perf_counter() - t0
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        host_cpu = (self.host_cpu() - host_before) / self.n
         if done.returncode != 0:
             raise SystemExit(f"{tool} {scenario} failed (rc {done.returncode}):\n{done.stdout[-3000:]}\n"
                              f"{done.stderr[-3000:]}")
@@ -166,7 +171,18 @@ class Bench:
             commands = f"{statistics.mean(ok for ok, _ in stats):.1f} tasks" if stats else "-"
             changed = str(sum(c for _, c in stats))
         return Sample(wall, cpu / self.n, connections, commands, changed,
-                      phases if tool == "ernie-deploy" else {})
+                      phases if tool == "ernie-deploy" else {}, host_cpu)
+
+    def host_cpu(self) -> float:
+        """CPU seconds the lab hosts have used so far, all processes of each container together (its cgroup2's
+        cpu.stat); the idle simulated instances add about 2 ms a second per host."""
+        total = 0
+        for host in self.state.hosts:
+            for cgroup in host.cgroups:
+                stat = Path(cgroup) / "cpu.stat"
+                if stat.is_file():
+                    total += int(stat.read_text().split("usage_usec ", 1)[1].split()[0])
+        return total / 1e6
 
     @property
     def stable(self) -> float:
@@ -285,9 +301,9 @@ def stats(samples: Sequence[Sample]) -> tuple[float, float, float]:
 def report(bench: Bench, scenarios: Sequence[str], floor: list[float]) -> None:
     n = bench.n
     print(f"\n## {n} hosts (median of {len(next(iter(bench.results.values())))} runs, seconds)\n")
-    print("| scenario | tool | median | min-max | ernie-deploy ÷ tool | without load | CPU s/host | "
+    print("| scenario | tool | median | min-max | ernie-deploy ÷ tool | without load | CPU s/host | host CPU s/host | "
           "SSH conn./host | commands/host | changed |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for scenario in scenarios:
         ours = stats(bench.results[(scenario, "ernie-deploy")])[0]
         loads = {"first": LOAD_SECONDS, "rolling": LOAD_SECONDS * n}.get(scenario, 0.0)
@@ -298,6 +314,7 @@ def report(bench: Bench, scenarios: Sequence[str], floor: list[float]) -> None:
             bare = f"{(ours - loads) / (med - loads):.2f}" if loads and med > loads and ours > loads else "-"
             print(f"| {scenario} | {tool} | {med:.2f} | {lo:.2f}-{hi:.2f} | {ratio} | {bare} | "
                   f"{statistics.median(s.cpu for s in samples):.3f} | "
+                  f"{statistics.median(s.host_cpu for s in samples):.3f} | "
                   f"{statistics.median(s.connections for s in samples):.1f} | {samples[-1].commands} | "
                   f"{samples[-1].changed} |")
     phased = [s for s in scenarios if any(x.phases for x in bench.results[(s, "ernie-deploy")])]
