@@ -1,7 +1,7 @@
 """Connections opened ahead: a command starts connecting to the hosts its first phase takes while it loads the
 rest of itself, so the SSH handshakes (a round trip per step, key exchange and login on the host) overlap that
-work instead of following it. A no-change deploy of 4 lab hosts spent about 0.1 s importing the change path
-after paramiko, as long as a connection takes there.
+work instead of following it. A deploy spends 0.08-0.11 s importing the rest of itself (the orchestration
+and what it needs) after paramiko, and a connection to a lab host took 0.06-0.11 s.
 
 The fleet asks the connector for a host as before; a host connected ahead gets that session (or the error the
 attempt ended with: the same connect, retries and classification), any other host connects then. At most
