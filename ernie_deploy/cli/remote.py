@@ -141,7 +141,7 @@ def connect_ahead(args: argparse.Namespace, hosts: Sequence[Host]) -> Iterator[C
     from ernie_deploy.orchestration.ahead import ConnectAhead
     from ernie_deploy.orchestration.transport import target_for
     targets = []
-    for host in hosts[:max(1, args.forks)]:
+    for host in hosts[:max(1, args.forks)]:  # only those ConnectAhead takes: no target built for the rest
         with contextlib.suppress(DeployError):
             targets.append(target_for(host, args.known_hosts))
     ahead = ConnectAhead(connector(args), targets, args.forks)

@@ -75,7 +75,8 @@ def add_options(p: argparse.ArgumentParser, *, rollback: bool = True, instance: 
 
 
 def validate(args: argparse.Namespace) -> None:
-    """The rollout options' own bad values, judged before the command contacts any host."""
+    """The rollout options' own bad values, judged before the command contacts any host (deploy, restart and
+    rollback call it before rollout_options)."""
     from ernie_deploy.planning.batches import parse_percentage, serial_of
     if args.canary < 0:
         raise DeployError(f"--canary must be 0 or more, got {args.canary}", hint="--canary 1 makes the first host "
@@ -110,7 +111,6 @@ def rollout_options(args: argparse.Namespace, command: str, *, preflight: bool,
     from ernie_deploy.orchestration import resume
     from ernie_deploy.orchestration.rollout import RolloutOptions
     from ernie_deploy.planning.batches import parse_percentage, serial_of
-    validate(args)
     key = None if getattr(args, "check", False) else \
         resume.key_of(command, args.inventory, args.limit, getattr(args, "instance", None))
     return RolloutOptions(
