@@ -17,7 +17,7 @@ import pytest
 import yaml
 from fakehost import FakeHost, connector
 
-from ernie_deploy.checks.progress import Thresholds
+from ernie_deploy.checks.progress import Thresholds, judge
 from ernie_deploy.cli.main import main
 from ernie_deploy.errors import ExitCode
 from ernie_deploy.inventory.inventory import Host, load_inventory
@@ -250,3 +250,59 @@ def test_read_progress_runs_one_command_and_judges_each_instance(deployed: tuple
     assert "over 2 s" in found["ernie-vllm-0"].evidence and session.commands == 1
     (cmd,) = _progress_commands(fake)
     assert json.loads(cmd.stdin)["window"] == 2 and cmd.timeout > 2
+
+
+def test_an_idle_instance_whose_completion_gets_no_answer_is_not_generating(tmp_path: Path) -> None:
+    """The host program sends each idle instance a 1-token completion; one whose engine hung with its gauges at
+    0 never answers it, and that, not the gauges, makes it `not-generating`; one that answers stays idle."""
+    idle = page(0, 0, 100)
+    release = threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(idle.encode())
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            if self.path.startswith("/hung/"):
+                release.wait(10)  # bounded: the test releases it once the program has given up
+                return
+            body = b'{"object": "text_completion", "choices": [{"text": "x"}]}'
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    intent = ReadProgress(("hung", "fine"), (f"{base}/hung/metrics", f"{base}/fine/metrics"), 5)
+    spec = {"instances": [{"id": u, "url": url, "probe": {"url": f"{base}/{u}/v1/completions",
+                                                          "body": {"model": "m", "max_tokens": 1}}}
+                          for u, url in zip(intent.units, intent.urls, strict=True)],
+            "api_key": None, "window": 5, "timeout": 5, "limit": 1 << 20, "probe_timeout": 0.5,
+            "families": ["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:generation_tokens_total"],
+            "running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting",
+            "mark": "@@ernie-deploy:progress "}
+    try:
+        t0 = time.monotonic()
+        out = subprocess.run([sys.executable, "-c", PROGRAM], input=json.dumps(spec).encode(), capture_output=True,
+                             timeout=30, check=True)
+        waited = time.monotonic() - t0
+    finally:
+        release.set()
+        server.shutdown()
+    assert waited < 5  # no window: nothing had work; the probes ran side by side, bounded by their timeout
+    readings = parse(out.stdout.decode(), intent)
+    hung, fine = readings["hung"][2], readings["fine"][2]
+    assert hung is not None and hung.timed_out and fine is not None and fine.status == 200
+    th = Thresholds(probe_timeout_s=0.5)
+    verdict = judge(readings["hung"][0], readings["hung"][1], th, host="h1", instance="0", probe=hung)
+    assert verdict.state == "not-generating" and not verdict.healthy()
+    assert "got no answer within 0.5 s" in verdict.evidence and "restart -i INV -l h1 --instance 0" in str(verdict.fix)
+    assert judge(readings["fine"][0], None, th, probe=fine).state == "idle"

@@ -50,7 +50,8 @@ def test_unit_shape(plan_one: Plan) -> None:
     assert unit.path == "/etc/systemd/system/ernie-vllm-0.service" and unit.mode == 0o644
     assert env.path == "/etc/ernie-deploy/ernie-vllm-0.env" and env.mode == 0o600 and env.secret
     text = unit.content
-    for line in ("Type=simple", "User=vllm", "Restart=on-failure", "LimitNOFILE=65535", "TimeoutStopSec=45",
+    for line in ("Type=simple", "User=vllm", "Restart=always", "StartLimitBurst=5", "LimitNOFILE=65535",
+                 "TimeoutStopSec=45",
                  "Environment=CUDA_VISIBLE_DEVICES=0,1", "Environment=HF_HUB_OFFLINE=1",
                  "EnvironmentFile=/etc/ernie-deploy/ernie-vllm-0.env"):
         assert line in text.splitlines(), line

@@ -102,6 +102,15 @@ def parse_sse(body: bytes) -> list[dict[str, Any]]:
     return events
 
 
+def not_generating(seconds: float, *, instance: str | None = None, fix: str | None = None) -> CheckResult:
+    """A completion that got no answer in time from an instance whose /health answered 200: vLLM took the
+    request and its engine produced nothing (hung), which is neither a rejection nor the network."""
+    return CheckResult("http_completion", "fail", f"not generating: /v1/completions got no answer within "
+                       f"{seconds:.0f} s while /health answered 200",
+                       cause="the engine is hung: the API server accepts requests and answers /health, the engine "
+                             "produces no token", fix=fix, instance=instance)
+
+
 def judge_completion(status: int, body: bytes, served_name: str, *, instance: str | None = None) -> CheckResult:
     """`POST /v1/completions`: 200, OpenAI completion shape, non-empty text, `model` = the served name.
 
@@ -109,10 +118,14 @@ def judge_completion(status: int, body: bytes, served_name: str, *, instance: st
     """
     name = "http_completion"
     quoted = (_quote(body),)
-    if status != 200:
+    if 400 <= status < 500:
         return CheckResult(name, "fail", f"/v1/completions answered HTTP {status}", quoted,
                            cause="vLLM rejected the request (401: API key; 404: unknown model name; 400: too long)",
                            instance=instance)
+    if status != 200:
+        return CheckResult(name, "fail", f"/v1/completions answered HTTP {status}", quoted,
+                           cause="vLLM failed the request (a 500 with EngineDeadError: its engine died or is "
+                                 "stopping)", fix="read the journal for why the engine died", instance=instance)
     try:
         if body.lstrip().startswith(b"data:"):
             chunks = parse_sse(body)

@@ -30,13 +30,17 @@ GENERATED = "vllm:generation_tokens_total"
 KV_USAGE = "vllm:kv_cache_usage_perc"
 NEEDED = (RUNNING, WAITING, GENERATED)
 
-STATES = ("ok", "idle", "stalled", "stuck", "unreadable")
+STATES = ("ok", "idle", "stalled", "stuck", "not-generating", "unreadable")
+# The states a restart of the instance clears: its engine is hung or its scheduler wedged.
+HUNG = ("stalled", "stuck", "not-generating")
 HEALTHY = ("ok", "idle")
 # What each unhealthy state says about the engine: verify's check names it as the cause.
 CAUSES = {
     "stalled": "the engine is hung: requests sit in the running batch and no token comes out, while /health may "
                "still answer 200 (vllm issue #39863)",
     "stuck": "the scheduler admits no request: the queue grows while nothing runs",
+    "not-generating": "the engine is hung: its gauges read idle (they froze when it hung) and /health answers 200, "
+                      "but a request gets no token",
     "unreadable": "without vLLM's /metrics nothing shows whether the engine makes progress",
 }
 
@@ -52,6 +56,9 @@ VARIABLES: dict[str, tuple[str, float, float, str]] = {
     "vllm_progress_stuck_growth": ("stuck_growth", 0.0, math.inf,
                                    "to how many requests the waiting queue must grow by, with nothing running, "
                                    "to count as stuck, e.g. 1"),
+    "vllm_progress_probe_timeout": ("probe_timeout_s", 0.0, MAX_WINDOW_S,
+                                    "to the seconds an idle instance may take to answer a 1-token completion, "
+                                    "e.g. 15"),
 }
 
 
@@ -105,9 +112,13 @@ class Thresholds:
     window_s: float = 5.0
     min_tokens: float = 1
     stuck_growth: float = 1
+    # An idle engine answers a 1-token completion in milliseconds on a GPU and within about 2 s on real vLLM's
+    # CPU build (docs/progress.md); a hung one never does.
+    probe_timeout_s: float = 15.0
 
     def to_json(self) -> dict[str, Any]:
-        return {"window_s": self.window_s, "min_tokens": self.min_tokens, "stuck_growth": self.stuck_growth}
+        return {"window_s": self.window_s, "min_tokens": self.min_tokens, "stuck_growth": self.stuck_growth,
+                "probe_timeout_s": self.probe_timeout_s}
 
 
 def thresholds_of(host: str, hostvars: Mapping[str, Any]) -> Thresholds:
@@ -155,6 +166,25 @@ class Progress:
                 "after": self.after.to_json() if self.after else None}
 
 
+@dataclass(frozen=True)
+class ProbeAnswer:
+    """What an idle instance's 1-token completion got: an HTTP status, or why none came (`timed_out`: none within
+    the probe's timeout), and how long it took."""
+
+    status: int | None
+    error: str | None
+    seconds: float
+
+    @property
+    def timed_out(self) -> bool:
+        return self.status is None and self.error is not None and "timed out" in self.error
+
+    def describe(self) -> str:
+        if self.status is not None:
+            return f"a 1-token completion answered HTTP {self.status} in {self.seconds:.1f} s"
+        return f"a 1-token completion got no answer ({self.error})"
+
+
 def needs_second_reading(before: Reading | MetricsError) -> bool:
     """Whether the instance has work (requests running or waiting), so only a second reading can tell
     whether it makes progress; an idle or unreadable instance is judged from its first reading alone."""
@@ -194,10 +224,11 @@ def _kv(before: Reading, after: Reading) -> str:
 
 
 def judge(before: Reading | MetricsError, after: Reading | MetricsError | None, th: Thresholds, *,
-          host: str = "HOST", instance: str = "K") -> Progress:
+          host: str = "HOST", instance: str = "K", probe: ProbeAnswer | None = None) -> Progress:
     """Judge two readings `th.window_s` apart (`after` None: no second reading was taken, which only an
-    instance without work may have: see needs_second_reading). `host` and `instance` (its index or unit
-    name) go into the fix's commands."""
+    instance without work may have: see needs_second_reading). `probe`: what the 1-token completion sent to an
+    idle instance got (only its timeout says something: a hung engine; any answer leaves it idle). `host` and
+    `instance` (its index or unit name) go into the fix's commands."""
     restart = f"ernie-deploy restart -i INV -l {host} --instance {instance}"
     journal = f"ernie-deploy logs -i INV {host} --instance {instance}"
     for reading, which in ((before, "first"), (after, "second")):
@@ -210,8 +241,14 @@ def judge(before: Reading | MetricsError, after: Reading | MetricsError | None, 
     if after is None:
         if needs_second_reading(before):
             raise ValueError("an instance with requests running or waiting needs a second reading")
-        return Progress("idle", f"no requests running or waiting (generated {_num(before.generated)} tokens "
-                                "so far)", None, before, None)
+        idle = f"no requests running or waiting (generated {_num(before.generated)} tokens so far)"
+        if probe is not None and probe.timed_out:
+            return Progress("not-generating", f"{idle}, yet a 1-token completion got no answer within "
+                                              f"{_num(th.probe_timeout_s)} s: the engine is hung and its gauges "
+                                              "froze at idle",
+                            f"restart it: {restart} (or `ernie-deploy watch -i INV -l {host} --restart-stalled`), "
+                            f"and read why in the journal: {journal}", before, None)
+        return Progress("idle", idle + (f"; {probe.describe()}" if probe is not None else ""), None, before, None)
     assert isinstance(after, Reading)
     window = _num(th.window_s)
     delta = after.generated - before.generated

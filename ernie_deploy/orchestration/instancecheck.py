@@ -4,6 +4,7 @@ journal, nvidia-smi, the process tree, and the HTTP answers the host itself got)
 from __future__ import annotations
 
 from ernie_deploy.checks import http as judge
+from ernie_deploy.checks.deaths import Story
 from ernie_deploy.checks.expectations import Expectations
 from ernie_deploy.checks.gpus import check_gpus
 from ernie_deploy.checks.logscan import check_startup_log
@@ -38,34 +39,49 @@ def requests_for(plan: HostPlan, inst: InstancePlan, exp: Expectations, *, servi
 
 
 def systemd_check(inst: InstancePlan, state: UnitState, journal: list[str], now_us: int | None,
-                  stable_s: float) -> CheckResult:
+                  stable_s: float, story: Story | None = None) -> CheckResult:
     """Running, and not restarted by systemd within the stability window (remote/systemd.py says when a
-    restart is history); a unit waiting to be revived makes every restart recent."""
+    restart is history); a unit waiting to be revived makes every restart recent. `story`: how its engine last
+    died and what followed (checks/deaths.py), told instead of the journal's last lines, which after a death are
+    teardown noise."""
     name = "systemd"
     running = state.active_state == "active" and state.sub_state == "running"
     recent = restarted_recently(state, now_us, stable_s)
     up_s = up_seconds(state, now_us)
+    evidence = (story.text,) if story else tuple(journal[-15:])
     if state.n_restarts >= 2 and recent:
         return CheckResult(name, "fail", f"{inst.unit}.service is in a crash loop: systemd restarted it "
                            f"{state.n_restarts} times (now {state.active_state}/{state.sub_state})",
-                           tuple(journal[-15:]),
-                           cause="the service keeps dying after it starts; Restart=on-failure keeps reviving it",
+                           evidence, cause="the service keeps dying after it starts; Restart=always keeps reviving "
+                           "it until its start limit",
                            fix=f"journalctl -u {inst.unit} shows each attempt; fix the cause, then deploy",
                            instance=inst.unit)
     if running:
         summary = f"{inst.unit}.service active (running), pid {state.main_pid}"
         if recent:
-            return CheckResult(name, "warn", summary + f", but restarted {state.n_restarts} time(s) by systemd "
-                               f"{up_s or 0:.0f}s ago",
-                               cause="the service crashed and Restart=on-failure brought it back",
+            return CheckResult(name, "warn", summary + (f": {story.text}" if story else
+                                                        f", but restarted {state.n_restarts} time(s) by systemd "
+                                                        f"{up_s or 0:.0f}s ago"),
+                               evidence if story else (),
+                               cause="the engine died and systemd's Restart=always brought it back",
                                fix=f"journalctl -u {inst.unit} to see why it died", instance=inst.unit)
-        if state.n_restarts:
+        if story:
+            summary += f"; {story.text}"
+        elif state.n_restarts:
             summary += f"; restarted {state.n_restarts} time(s) earlier, up {up_s:.0f}s since"
         return CheckResult(name, "pass", summary, instance=inst.unit)
-    return CheckResult(name, "fail", f"{inst.unit}.service is {state.active_state or 'unknown'} ({state.sub_state}, "
-                       f"result {state.result or '-'}, {state.n_restarts} restart(s))",
-                       tuple(journal[-15:]), cause="the service is not running",
-                       fix=f"journalctl -u {inst.unit}; then `ernie-deploy deploy` to start it", instance=inst.unit)
+    what = (f"{inst.unit}.service is {state.active_state or 'unknown'} ({state.sub_state}, result "
+            f"{state.result or '-'}, {state.n_restarts} restart(s))")
+    return CheckResult(name, "fail", what + (f": {story.text}" if story else ""),
+                       evidence, cause="the engine died" if story else "the service is not running",
+                       fix=story.fix if story and story.fix else
+                       f"journalctl -u {inst.unit}; then `ernie-deploy deploy` to start it", instance=inst.unit)
+
+
+def timed_out(error: str | None) -> bool:
+    """Whether a request's error is its timeout (urllib's socket timeout: "timed out", "The read operation timed
+    out"), as opposed to a refused or reset connection."""
+    return error is not None and "timed out" in error
 
 
 def http_checks(plan: HostPlan, inst: InstancePlan, answers: dict[str, http.Answer]) -> list[CheckResult]:
@@ -84,6 +100,10 @@ def http_checks(plan: HostPlan, inst: InstancePlan, answers: dict[str, http.Answ
                            fix="set vllm_api_key if the server requires one" if models.status == 401 else None,
                            instance=inst.unit))
     done = http.missing(answers, request_id(inst, "completion"))
+    if done.status is None and timed_out(done.error):
+        return [*out, judge.not_generating(done.seconds, instance=inst.unit,
+                                           fix=f"restart it: ernie-deploy restart -i INV --limit {plan.name} "
+                                               f"--instance {inst.index}")]
     result = judge.judge_completion(done.status or 0, done.body, inst.served_model_name, instance=inst.unit)
     timing = f" (first byte {done.first_byte_seconds * 1000:.0f} ms, total {done.seconds * 1000:.0f} ms)" \
         if done.first_byte_seconds is not None else ""
@@ -101,10 +121,11 @@ def serves(plan: HostPlan, inst: InstancePlan, answers: dict[str, http.Answer]) 
     return judge.judge_completion(done.status or 0, done.body, inst.served_model_name).ok
 
 
-def instance_checks(plan: HostPlan, inst: InstancePlan, probe: HostProbe, exp: Expectations) -> list[CheckResult]:
+def instance_checks(plan: HostPlan, inst: InstancePlan, probe: HostProbe, exp: Expectations,
+                    story: Story | None = None) -> list[CheckResult]:
     unit: UnitProbe = probe.unit(f"{inst.unit}.service")
     state = unit.state
-    results = [systemd_check(inst, state, unit.journal, probe.now_us, plan.tuning.stable_seconds)]
+    results = [systemd_check(inst, state, unit.journal, probe.now_us, plan.tuning.stable_seconds, story)]
     if state.active_state != "active":
         # Only the current run is judged: the lines of a stopped run say nothing about what serves now.
         return [*results, CheckResult("startup_log", "fail", f"{inst.unit} is not running: no current start-up "

@@ -16,12 +16,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from ernie_deploy.checks.http import completion_request
 from ernie_deploy.checks.progress import (
     GENERATED,
     KV_USAGE,
     RUNNING,
     WAITING,
     MetricsError,
+    ProbeAnswer,
     Progress,
     Reading,
     Thresholds,
@@ -77,12 +79,20 @@ def progress_command(plan: HostPlan, th: Thresholds) -> Command:
     """The command for every instance of `plan`; the spec, API key included, on stdin."""
     intent = ReadProgress(tuple(i.unit for i in plan.instances),
                           tuple(f"{local_url(i.host, i.port)}/metrics" for i in plan.instances), th.window_s)
-    spec = {"instances": [{"id": u, "url": url} for u, url in zip(intent.units, intent.urls, strict=True)],
+    spec = {"instances": [{"id": i.unit, "url": url, "probe": probe_of(i)}
+                          for i, url in zip(plan.instances, intent.urls, strict=True)],
             "api_key": api_key(plan), "window": th.window_s, "timeout": READ_TIMEOUT, "limit": BODY_LIMIT,
             "families": [RUNNING, WAITING, GENERATED, KV_USAGE], "running": RUNNING, "waiting": WAITING,
-            "mark": MARK}
+            "probe_timeout": th.probe_timeout_s, "mark": MARK}
     reads = 2 * len(intent.units) * READ_TIMEOUT
-    return Command(intent, stdin=json.dumps(spec).encode(), timeout=th.window_s + reads + MARGIN, check=False)
+    return Command(intent, stdin=json.dumps(spec).encode(), timeout=max(th.window_s, th.probe_timeout_s) + reads
+                   + MARGIN, check=False)
+
+
+def probe_of(inst: InstancePlan) -> dict[str, Any]:
+    """The 1-token completion an idle instance gets: greedy, so it costs one forward pass."""
+    body = {**completion_request(inst.served_model_name), "max_tokens": 1}
+    return {"url": f"{local_url(inst.host, inst.port)}/v1/completions", "body": body}
 
 
 def reading_of(answer: dict[str, Any], url: str) -> Reading | MetricsError:
@@ -98,8 +108,12 @@ def reading_of(answer: dict[str, Any], url: str) -> Reading | MetricsError:
         return MetricsError(f"GET {url}: {exc}")
 
 
-def parse(text: str, intent: ReadProgress) -> dict[str, tuple[Reading | MetricsError, Reading | MetricsError | None]]:
-    """Each unit's first and second reading (None: none was taken) from what the program printed."""
+Readings = tuple[Reading | MetricsError, Reading | MetricsError | None, ProbeAnswer | None]
+
+
+def parse(text: str, intent: ReadProgress) -> dict[str, Readings]:
+    """Each unit's first and second reading (None: none was taken) and its probe's answer (None: not probed)
+    from what the program printed."""
     rounds: dict[tuple[str, int], dict[str, Any]] = {}
     everything: str | None = None
     for record in records(text, TAG):
@@ -111,7 +125,7 @@ def parse(text: str, intent: ReadProgress) -> dict[str, tuple[Reading | MetricsE
                 rounds[(str(data["id"]), int(data["round"]))] = data
         except (ValueError, KeyError, TypeError, AttributeError):
             continue
-    out: dict[str, tuple[Reading | MetricsError, Reading | MetricsError | None]] = {}
+    out: dict[str, Readings] = {}
     for unit, url in zip(intent.units, intent.urls, strict=True):
         first = rounds.get((unit, 1))
         before = reading_of(first, url) if first is not None else MetricsError(
@@ -120,7 +134,11 @@ def parse(text: str, intent: ReadProgress) -> dict[str, tuple[Reading | MetricsE
         after: Reading | MetricsError | None = reading_of(second, url) if second is not None else None
         if after is None and needs_second_reading(before):
             after = MetricsError(f"GET {url}: the host took no second reading")
-        out[unit] = (before, after)
+        probed = rounds.get((unit, 0))
+        answer = None if probed is None or after is not None else ProbeAnswer(
+            probed.get("status") if isinstance(probed.get("status"), int) else None,
+            str(probed["error"]) if probed.get("error") else None, float(probed.get("seconds") or 0.0))
+        out[unit] = (before, after, answer)
     return out
 
 
@@ -130,8 +148,11 @@ def read_progress(session: Transport, plan: HostPlan, th: Thresholds) -> dict[st
     cmd = progress_command(plan, th)
     assert isinstance(cmd.intent, ReadProgress)
     readings = parse(session.run(cmd).text, cmd.intent)
-    return {inst.unit: judge(*readings[inst.unit], th, host=plan.name, instance=str(inst.index))
-            for inst in plan.instances}
+    out = {}
+    for inst in plan.instances:
+        before, after, answer = readings[inst.unit]
+        out[inst.unit] = judge(before, after, th, host=plan.name, instance=str(inst.index), probe=answer)
+    return out
 
 
 def host_thresholds(run: HostRun[Any]) -> Thresholds | None:

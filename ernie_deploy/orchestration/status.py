@@ -95,7 +95,8 @@ def drifts(host: str, snap: Snapshot, seen: HostStatus) -> list[Drift]:
             out.append(Drift("pending", unit, f"{unit}: staged files wait for a restart", fix))
         problem = converge.serving_problem(unit, facts, snap.plan.tuning.stable_seconds)
         if problem is not None:
-            out.append(Drift("down", unit, f"{unit}: {problem}", fix))
+            story = converge.death_story(unit, facts, fix)
+            out.append(Drift("down", unit, f"{unit}: {problem}", story.fix if story and story.fix else fix))
     if facts.lock_info:
         out.append(lock_drift(host, facts.lock_info))
     for path in changes.dropins:
@@ -168,6 +169,7 @@ def report_of(host: str, snap: Snapshot, seen: HostStatus) -> StatusReport:
             "vllm": (facts.running[unit].version or "?") if unit in facts.running else None,
             "serving": converge.serving_problem(unit, facts, stable) is None,
             "problem": converge.serving_problem(unit, facts, stable),
+            "death": story.to_json() if (story := converge.death_story(unit, facts)) else None,
             "progress": None,  # read once the snapshot says which instances serve: StatusReader._host
             "balancers": {}})  # filled once the balancers are read: StatusReader.run
     now = releases.current(seen.releases, facts.files)
@@ -283,16 +285,18 @@ def instance_view(host: str, index: int, serving: bool,
             out.append(Drift("balancer-config", f"{b.host}/{name}", f"{b.host}'s live HAProxy configuration has "
                              f"no server {name}: this instance gets no requests through it", DEPLOY_BALANCERS))
         elif serving and not in_rotation(stat):
-            out.append(rotation_drift(b.plan, name, stat, backend, server))
+            out.append(rotation_drift(b.plan, name, stat, backend, server, (host, index)))
     return columns, out
 
 
 def rotation_drift(plan: BalancerPlan, name: str, stat: ServerStat, backend: BalancerBackend | None,
-                   server: BalancerServer | None) -> Drift:
+                   server: BalancerServer | None, instance: tuple[str, int] = ("HOST", 0)) -> Drift:
     """A serving instance that a balancer sends no requests to, and the fix an operator can run now. Drain and
     maintenance are administrative states (the runtime API set them: a rollout stopped, or a hand-run drain);
     only `state ready` ends them, and a rollout's --resume knows only the instances its state file recorded,
-    so the fix is HAProxy's own command on the balancer. DOWN and NOLB come from the health check failing."""
+    so the fix is HAProxy's own command on the balancer. DOWN and NOLB come from the health check failing; a
+    check that timed out on an instance whose /health answers 200 is a hung engine (`instance`: its host and
+    index, for the restart)."""
     subject, where = f"{plan.host}/{name}", f"{plan.host} ({stat.status})"
     if stat.status.startswith(("DRAIN", "MAINT")):
         what = "drained" if stat.status.startswith("DRAIN") else "in maintenance"
@@ -305,6 +309,15 @@ def rotation_drift(plan: BalancerPlan, name: str, stat: ServerStat, backend: Bal
                      f"on {plan.host} as root: echo {shlex.quote(command)} | socat stdio "
                      f"{shlex.quote(plan.admin_socket)}  # socat: apt-get install socat")
     target = f"{server.address}:{server.port}" if server is not None else "the instance"
+    if stat.check_status == "L7TOUT":
+        # The check is a completion and the instance's /health answers 200 (it counts as serving): the request
+        # reached vLLM, which took it and produced nothing in time. Not the network: the engine.
+        return Drift("balancer", subject, f"{name} is not generating: {where} marks it down because its "
+                                          f"completion check to {target} timed out (Layer7 timeout) while its "
+                                          "/health answers 200: the engine is hung",
+                     f"restart it: ernie-deploy restart -i INV --limit {instance[0]} --instance {instance[1]} (or "
+                     f"ernie-deploy watch -i INV --limit {instance[0]} --restart-stalled), and read why in its "
+                     f"journal: ernie-deploy logs -i INV {instance[0]} --instance {instance[1]}")
     return Drift("balancer", subject, f"{name} serves but {where} fails its health check (a completion request "
                                       f"to {target}), so it gets no requests",
                  f"check that {plan.host} reaches {target} (firewall, the instance's bind address) and that its "

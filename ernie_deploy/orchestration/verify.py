@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from ernie_deploy.checks.expectations import Expectations
+from ernie_deploy.checks.progress import HUNG, Thresholds, progress_check
 from ernie_deploy.checks.progress import Progress as InstanceProgress
-from ernie_deploy.checks.progress import Thresholds, progress_check
 from ernie_deploy.checks.result import CheckResult
 from ernie_deploy.orchestration.bench import InstanceBench, bench_check, bench_instance
 from ernie_deploy.orchestration.cycle import unit_of
@@ -38,7 +38,7 @@ from ernie_deploy.planning.hostpaths import local_url
 from ernie_deploy.planning.plan import PlanContext
 from ernie_deploy.planning.plantypes import HostPlan, InstancePlan
 from ernie_deploy.planning.render import environment_for_templates, templates_dir
-from ernie_deploy.remote import probe
+from ernie_deploy.remote import converge, probe
 from ernie_deploy.remote.converge import held_gpus
 
 
@@ -160,7 +160,7 @@ class Verifier:
         # Progress is read before the probe: a stalled engine would hold the smoke completion for its whole
         # 60 s timeout, so such an instance is not sent one (its progress check carries the readings).
         found = read_serving(self.fleet, run, plan, [i for i in plan.instances if active(snap, i)], th)
-        hung = {u for u, p in found.items() if p.state in ("stalled", "stuck")}
+        hung = {u for u, p in found.items() if p.state in HUNG}
         self.fleet.progress(plan.name, "probing instances")
         units = [f"{i.unit}.service" for i in plan.instances]
         requests = [r for i in plan.instances for r in requests_for(plan, i, self.expectations)
@@ -169,7 +169,9 @@ class Verifier:
             seen = probe.parse(run.session.run(probe.host_command(units, requests, api_key(plan))).text)
         with self.fleet.step(run, "checks") as step:
             for inst in plan.instances:
-                checks = instance_checks(plan, inst, seen, self.expectations)
+                story = converge.death_story(f"{inst.unit}.service", snap.facts,
+                                             f"ernie-deploy deploy -i INV --limit {plan.name}")
+                checks = instance_checks(plan, inst, seen, self.expectations, story)
                 result.checks += [not_sent(c, found[inst.unit]) if inst.unit in hung and
                                   c.name == "http_completion" else c for c in checks]
             result.checks += drift_checks(snap)

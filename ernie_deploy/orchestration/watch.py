@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ernie_deploy.checks.progress import Progress, Thresholds, thresholds_of
+from ernie_deploy.checks.deaths import Story
+from ernie_deploy.checks.progress import HUNG, Progress, Thresholds, thresholds_of
 from ernie_deploy.errors import DeployError
 from ernie_deploy.orchestration.bench import SloGate
 from ernie_deploy.orchestration.cycle import CycleOptions, unit_of
@@ -48,10 +49,10 @@ from ernie_deploy.planning.plan import PlanContext
 from ernie_deploy.planning.plantypes import HostPlan
 from ernie_deploy.planning.render import environment_for_templates, templates_dir
 from ernie_deploy.playbook.actions import ACTIONS, watch_problem
-from ernie_deploy.remote.converge import RUNNING
+from ernie_deploy.remote.converge import RUNNING, death_story
 
 _TASK = ACTIONS["watch"].args  # the command line and the playbook task share these defaults
-UNHEALTHY_RESTARTABLE = ("stalled", "stuck")  # what a restart can clear; unreadable or down needs a person
+UNHEALTHY_RESTARTABLE = HUNG  # what a restart can clear; unreadable or down needs a person
 MAX_RESTARTS_LIMIT = 10
 
 # What reads one host's progress (orchestration/progress.py's read_progress; tests inject a scripted one).
@@ -91,6 +92,7 @@ class Seen:
     model: str  # its served model name
     active: bool  # systemd says active (or activating, reloading)
     progress: Progress
+    death: Story | None = None  # how its engine last died and what followed (checks/deaths.py)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -107,7 +109,8 @@ class Seen:
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "unit": self.unit, "model": self.model, "active": self.active,
-                "state": self.state, "healthy": self.healthy, "progress": self.progress.to_json()}
+                "state": self.state, "healthy": self.healthy, "progress": self.progress.to_json(),
+                "death": self.death.to_json() if self.death else None}
 
 
 @dataclass
@@ -263,7 +266,8 @@ class Watcher:
                     judged = Progress("unreadable", "no progress reading came back for it",
                                       f"ernie-deploy status -i INV --limit {run.host.name} shows its state", None, None)
                 seen.append(Seen(run.host.name, unit, inst.served_model_name,
-                                 state is not None and state.active_state in RUNNING, judged))
+                                 state is not None and state.active_state in RUNNING, judged,
+                                 death_story(unit, snap.facts, f"ernie-deploy deploy -i INV --limit {run.host.name}")))
             sick = [s for s in seen if not s.healthy]
             run.result.message = (f"{len(sick)} of {len(seen)} instance(s) not making progress" if sick
                                   else f"all {len(seen)} instance(s) making progress or idle")

@@ -44,6 +44,8 @@ def show_status(results: Sequence[HostResult], reports: Mapping[str, StatusRepor
             _line(f"    {inst['unit']}: {inst['state']} pid {inst['pid']}{runs} {up} restarts {inst['restarts']} "
                   f"health {inst['health'] or '-'} progress {_progress(inst.get('progress'))} "
                   f"(GPUs {','.join(map(str, inst['gpus']))}, port {inst['port']})")
+            if inst.get("death") and inst["serving"]:  # a down one's story is its drift
+                _line(f"      {inst['death']['text']}")
             if inst["balancers"]:
                 _line("      balancers: " + ", ".join(f"{lb} {_server_state(seen, verbose)}"
                                                       for lb, seen in inst["balancers"].items()))

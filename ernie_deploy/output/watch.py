@@ -62,9 +62,17 @@ def show_round(done: Round, *, verbose: bool) -> None:
                 _line(f"  {s.host} {s.unit} ({s.model}): {s.state}: {s.progress.evidence}")
         else:
             _line("  healthy: " + ", ".join(f"{s.host} {s.unit} {s.state}" for s in healthy))
+    for s in healthy:
+        if s.death is not None:  # it died and systemd brought it back: the watch says so once it serves
+            _line(f"  {s.host} {s.unit} ({s.model}): {s.death.text}")
 
 
 def _seen(s: Seen) -> None:
+    if not s.active and s.death is not None:
+        _line(f"  {s.host} {s.unit} ({s.model}): {s.state}: {s.death.text}")
+        if s.death.fix:
+            _line(f"    fix: {s.death.fix}")
+        return
     evidence = s.progress.evidence if s.active else f"systemd does not run it; {s.progress.evidence}"
     _line(f"  {s.host} {s.unit} ({s.model}): {s.state}: {evidence}")
     if s.progress.fix:

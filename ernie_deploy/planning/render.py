@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ernie_deploy.errors import DeployError, RenderError
+from ernie_deploy.planning import restarts
 from ernie_deploy.planning.bulk import collector_paused
 from ernie_deploy.planning.cpubackend import BIND_ENV, KVCACHE_ENV
 from ernie_deploy.planning.findings import Finding, Severity
@@ -259,7 +260,9 @@ def render_host(plan: HostPlan, env: jinja2.Environment) -> list[RenderedFile]:
         context = {
             **{key: no_specifiers(value) for key, value in text.items()},
             "port": inst.port, "environment": environment(plan, inst), "exec_start": exec_start(plan, inst),
-            "stop_timeout": plan.drain_timeout + 15,
+            "stop_timeout": plan.drain_timeout + 15, "restart": restarts.RESTART,
+            "restart_sec": restarts.RESTART_SEC, "start_limit_interval": restarts.START_LIMIT_INTERVAL_S,
+            "start_limit_burst": restarts.START_LIMIT_BURST,
         }
         secrets = [_env_file_line(k, s.reveal(), plan.name) for k, s in sorted(plan.secrets.items())]
         try:

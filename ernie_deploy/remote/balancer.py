@@ -40,6 +40,9 @@ class ServerStat:
     status: str  # UP, DOWN, DRAIN, MAINT, NOLB, or a transition such as "DOWN 1/2" / "UP 1/2"
     scur: int  # current sessions
     weight: int
+    # The last health check's result (HAProxy's management guide, "show stat" field 36): L7TOUT is a check that
+    # got no answer in time, L7STS a bad status, L4CON a refused connection; "" when not reported.
+    check_status: str = ""
 
     @property
     def up(self) -> bool:
@@ -350,12 +353,14 @@ def parse_stat(text: str) -> dict[tuple[str, str], ServerStat]:
         px, sv, scur, status, weight = (columns.index(c) for c in ("pxname", "svname", "scur", "status", "weight"))
     except ValueError:
         return {}
+    check = columns.index("check_status") if "check_status" in columns else None
     out: dict[tuple[str, str], ServerStat] = {}
     for line in lines[1:]:
         row = line.split(",")
         if len(row) <= max(px, sv, scur, status, weight) or row[sv] in ("FRONTEND", "BACKEND"):
             continue
-        out[(row[px], row[sv])] = ServerStat(row[status], _int(row[scur]), _int(row[weight]))
+        checked = row[check].lstrip("* ") if check is not None and check < len(row) else ""
+        out[(row[px], row[sv])] = ServerStat(row[status], _int(row[scur]), _int(row[weight]), checked)
     return out
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any, ClassVar
 
+from ernie_deploy.checks.deaths import Story, last_death, tell
 from ernie_deploy.planning.hostpaths import ENV_DIR, RELEASES_DIR, STAGING_DIR, STATE_DIR, UNIT_DIR
 from ernie_deploy.planning.plantypes import HostPlan
 from ernie_deploy.planning.render import RenderedFile
@@ -94,15 +95,29 @@ def serving_problem(unit: str, facts: HostFacts, stable_s: float) -> str | None:
     state = facts.units.get(unit)
     if state is None:
         return "not installed"
+    story = death_story(unit, facts)
     if state.active_state != "active" or state.main_pid == 0:
-        return f"not running ({state.active_state}/{state.sub_state or '-'})"
+        return f"not running ({state.active_state}/{state.sub_state or '-'})" + (f": {story.text}" if story else "")
     if restarted_recently(state, facts.now_us, stable_s):
         up_s = up_seconds(state, facts.now_us) or 0
+        if story is not None:
+            return f"{story.text}; up only {up_s:.0f}s"
         return f"restarted by systemd {state.n_restarts} time(s), up only {up_s:.0f}s (crash loop?)"
     health = facts.health.get(unit)
     if health != "200":
         return f"running but /health answers {health or 'nothing'}"
     return None
+
+
+def death_story(unit: str, facts: HostFacts, deploy: str = "ernie-deploy deploy -i INV --limit HOST") -> Story | None:
+    """How the unit's engine last died and what followed (checks/deaths.py), from the journal lines the facts read
+    of a unit systemd restarted or does not run; None when it has not died since it was last started on request."""
+    state = facts.units.get(unit)
+    death = last_death(facts.deaths.get(unit, ()))
+    if state is None or death is None:
+        return None
+    return tell(death, active=state.active_state == "active", sub_state=state.sub_state,
+                restart_policy=state.restart, deploy=deploy)
 
 
 def held_gpus(plan: HostPlan, facts: HostFacts, unit: str) -> list[int]:
@@ -340,7 +355,11 @@ class Activate(Intent):
             if unit in self.baselines:
                 lines.append(baseline_script(unit, self.baselines[unit]))
         if self.start:
-            lines.append("systemctl start " + " ".join(q(u) for u in self.start))
+            # The unit's StartLimitBurst= bounds systemd's own restarts of a dying engine; a start asked for here
+            # must not be refused by restarts of the past, so it clears the count (and a failed state) first.
+            units = " ".join(q(u) for u in self.start)
+            lines.append(f"systemctl reset-failed {units} 2>/dev/null || true")
+            lines.append("systemctl start " + units)
         for unit in self.start:
             # The new run of each unit: the readiness watch reads exactly its journal lines, and counts the
             # automatic restarts after this one.

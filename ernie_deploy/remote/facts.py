@@ -12,6 +12,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from ernie_deploy.checks.deaths import HOST_PATTERN
 from ernie_deploy.checks.gpus import csv_number, csv_rows
 from ernie_deploy.checks.result import CheckInputError
 from ernie_deploy.planning.hostpaths import ENV_DIR, LOCK_DIR, PENDING_FILE, UNIT_DIR
@@ -80,6 +81,7 @@ fi
 {{ set --; [ -f "$t/units" ] && while read -r u a p _; do set -- "$@" "$u" "$a" "$p"; done < "$t/units"
 [ $# -eq 0 ] || {health_script()}; }} > "$t/health" &
 {{ {running_script('"$t/show"')}; }} > "$t/running" 2>/dev/null &
+{{ {deaths_script('"$t/show"')}; }} > "$t/deaths" 2>/dev/null &
 m systemd; systemctl --version 2>&1
 set --
 for f in {UNIT_DIR}/{UNIT_GLOB} {ENV_DIR}/ernie-vllm-*.env; do [ -f "$f" ] && set -- "$@" "$f"; done
@@ -104,6 +106,7 @@ m topo; c "$t/topo"
 m health; c "$t/health"
 m vllm; c "$t/vllm"
 m running; c "$t/running"
+m deaths; c "$t/deaths"
 m end
 """
 
@@ -187,6 +190,27 @@ def running_script(show_file: str) -> str:
             f"done < {show_file}")
 
 
+# Journal lines kept per unit that systemd restarted or does not run: enough for a death, the restarts after it
+# and the start that served again (checks/deaths.py), from the unit's last lines only.
+DEATH_JOURNAL_LINES = 3000
+DEATH_LINES_KEPT = 60
+
+
+def deaths_script(show_file: str) -> str:
+    """Per managed unit that systemd restarted (NRestarts above 0) or does not run, its journal lines that tell a
+    death and what followed it (checks/deaths.py's HOST_PATTERN), each behind the unit's name and a space. The
+    units come from `show_file`, as in running_script; a unit that runs and was never restarted costs nothing."""
+    q = shlex.quote
+    return (f"u=; n=; a=; [ -f {show_file} ] && while IFS= read -r l; do case $l in "
+            "Id=*) u=${l#Id=};; NRestarts=*) n=${l#NRestarts=};; ActiveState=*) a=${l#ActiveState=};; "
+            "'') u=; n=; a=; continue;; esac; "
+            "[ -n \"$u\" ] && [ -n \"$n\" ] && [ -n \"$a\" ] || continue; "
+            "if [ \"$n\" != 0 ] || [ \"$a\" != active ]; then "
+            f"journalctl -u \"$u\" -o short-unix --no-pager -n {DEATH_JOURNAL_LINES} | grep -E {q(HOST_PATTERN)} "
+            f"| tail -n {DEATH_LINES_KEPT} | sed \"s|^|$u |\"; fi; u=; n=; a=; "
+            f"done < {show_file}")
+
+
 @dataclass(frozen=True)
 class Facts(Intent):
     """Read the host's facts (GPUs, units, managed files, model, vLLM, lock, pending units), then run `extra`,
@@ -247,6 +271,8 @@ class HostFacts:
     wall_now: float | None = None  # the host's clock (epoch seconds), to compare process starts with mtimes
     ctimes: dict[str, int] = field(default_factory=dict)  # managed file → when its inode last changed (arrived)
     running: dict[str, RunningVllm] = field(default_factory=dict)  # running unit → the vLLM its process uses
+    # unit systemd restarted or does not run → its journal lines about deaths and runs (deaths_script)
+    deaths: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def running_versions(self) -> list[str]:
         """The vLLM versions the running instances use (what serves), each once; "?" for one not known."""
@@ -350,8 +376,18 @@ def parse_facts(text: str) -> HostFacts:
         model_readable={"readable": True, "unreadable": False}.get(s.get("modeluser", "").strip()),
         mtimes=_times(s.get("mtimes", "")), ctimes=_times(s.get("ctimes", "")),
         running=parse_running(s.get("running", "")),
-        wall_now=_float(s.get("wallnow", "")),
+        wall_now=_float(s.get("wallnow", "")), deaths=_per_unit(s.get("deaths", "")),
     )
+
+
+def _per_unit(body: str) -> dict[str, tuple[str, ...]]:
+    """`UNIT LINE` lines grouped by unit, in order."""
+    out: dict[str, list[str]] = {}
+    for line in body.splitlines():
+        unit, _, rest = line.partition(" ")
+        if rest:
+            out.setdefault(unit, []).append(rest)
+    return {u: tuple(lines) for u, lines in out.items()}
 
 
 def _times(body: str) -> dict[str, int]:

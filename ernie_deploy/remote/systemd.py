@@ -7,7 +7,7 @@ import shlex
 from dataclasses import dataclass
 
 PROPS = ("Id", "LoadState", "ActiveState", "SubState", "Result", "MainPID", "InvocationID", "NRestarts",
-         "ExecMainStartTimestampMonotonic", "UnitFileState", "NeedDaemonReload")
+         "ExecMainStartTimestampMonotonic", "UnitFileState", "NeedDaemonReload", "Restart")
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,7 @@ class UnitState:
     started_monotonic: int = 0  # ExecMainStartTimestampMonotonic, µs; changes on every (re)start
     unit_file_state: str = ""
     need_daemon_reload: bool = False  # the unit file changed on disk since systemd loaded it
+    restart: str = ""  # its Restart= policy as systemd runs it ("always", "on-failure", ...)
 
 
 # The host's monotonic clock in µs, to age ExecMainStartTimestampMonotonic. /proc/uptime counts from boot, which
@@ -76,7 +77,8 @@ def parse_state(text: str) -> UnitState:
         sub_state=props.get("SubState", ""), result=props.get("Result", ""), main_pid=_num(props, "MainPID"),
         invocation_id=props.get("InvocationID", ""), n_restarts=_num(props, "NRestarts"),
         started_monotonic=_num(props, "ExecMainStartTimestampMonotonic"),
-        unit_file_state=props.get("UnitFileState", ""), need_daemon_reload=props.get("NeedDaemonReload") == "yes")
+        unit_file_state=props.get("UnitFileState", ""), need_daemon_reload=props.get("NeedDaemonReload") == "yes",
+        restart=props.get("Restart", ""))
 
 
 def parse_units(body: str) -> dict[str, UnitState]:
