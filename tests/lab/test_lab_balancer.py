@@ -10,6 +10,7 @@ host on its base release and every server UP, and the module cleans the hosts an
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections import Counter
@@ -263,3 +264,49 @@ def test_template_failing_haproxy_check_changes_nothing(capsys: pytest.CaptureFi
             {s: v.status for s, v in after_stats.items()},
             {h.name: start_times(lab, h.name) for h in lab_state.hosts}) == \
         (before[0], before[1], {s: v.status for s, v in before[2].items()}, before[3])
+
+
+# The EngineCore of a host's instance: real vLLM rewrites its command line, the simulator names the process (comm
+# is 15 bytes at most).
+KILL_ENGINE = ("pid=$(pgrep -o -f '^VLLM::EngineCore' || pgrep -o -x 'VLLM::EngineCor') && kill -9 \"$pid\" "
+               "&& echo \"$pid\"")
+# systemd restarts it after RestartSec=10; the simulator serves ~3 s later; HAProxy takes two checks to call it UP.
+BACK_WITHIN = 40
+
+
+def test_an_engine_killed_under_load_comes_back_by_itself_and_status_tells_the_story(
+        capsys: pytest.CaptureFixture[str], lab: Lab, lab_state: LabState, fleet: Fleet, tmp_path: Path) -> None:
+    """kill -9 of one instance's EngineCore while the load runs through lb-1: vLLM exits 0 on an engine death, so
+    only the unit's Restart=always brings it back; no operator acts. The requests it held are lost (they were on
+    the engine that died); HAProxy's checks take it out, then back once it serves again, and `status` names the
+    death by vLLM's own line, the restart and how long it took to serve again."""
+    victim = lab_state.hosts[0].name
+    lb, sampler = load(fleet, tmp_path), StateSampler(fleet.balancer)
+    before = start_times(lab, victim)
+    lb.start()
+    sampler.start()
+    try:
+        time.sleep(1.0)
+        killed = lab.ssh(victim, KILL_ENGINE)
+        assert killed.returncode == 0, killed.stderr
+        assert wait_for(lambda: start_times(lab, victim) != before, BACK_WITHIN), "systemd did not restart it"
+        assert wait_for(fleet.balancer.all_up, BACK_WITHIN), fleet.balancer.stats()
+        time.sleep(1.0)
+    finally:
+        outcomes = lb.finish()
+        sampler.finish()
+    lost = [o for o in outcomes if not o.ok]
+    # What the dead engine held and what HAProxy sent it before its checks failed; the other servers carry the rest.
+    assert len(outcomes) > len(lost) * 4, (len(outcomes), Counter(o.detail[:80] for o in lost))
+    journal = lab.ssh(victim, "journalctl -u ernie-vllm-0.service -o cat --no-pager -n 400").stdout
+    assert "Deactivated successfully" in journal, journal[-2000:]  # exit 0, as real vLLM: only Restart=always helps
+    assert "Scheduled restart job, restart counter is at 1." in journal
+    capsys.readouterr()
+    main(["status", "-i", str(fleet.inventory), "--limit", victim, "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    inst = doc["hosts"][victim]["instances"][0]
+    assert inst["restarts"] == 1 and inst["death"] is not None, json.dumps(doc, indent=1)
+    story = inst["death"]["text"]
+    assert story.startswith("engine died at ") and "restarted by systemd, serving again after" in story, story
+    assert "engine core exited unexpectedly" in story or "died unexpectedly" in story, story
+    assert inst["death"]["serving"]

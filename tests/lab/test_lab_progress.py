@@ -39,7 +39,8 @@ STALLED = {**QUICK, "ports": {"8001": {"stall": True}}}
 # Two TP-1 instances of the model on a10-2; a stalled instance's in-flight requests held for at most 2 s on its stop
 # (--shutdown-timeout), so a restart of it costs seconds. The progress window is the default, 5 s.
 HOST_VARS = {"vllm_instances": 2, "vllm_tensor_parallel_size": 1, "vllm_drain_timeout": 2,
-             "vllm_progress_window": 2}  # a 2 s progress window (docs/progress.md): the test waits less
+             # a 2 s progress window and a 3 s idle probe (docs/progress.md): the test waits less
+             "vllm_progress_window": 2, "vllm_progress_probe_timeout": 3}
 STALL_SEEN_S = 1.0  # the simulator re-reads faults.json every 0.2 s
 
 
@@ -189,3 +190,47 @@ def test_a_stalled_instance_is_named_by_status_and_verify_and_restarted_by_the_w
     assert outcomes and not lost, lost[:3]
     assert samples and not any(down for _, down in samples), "instance 0 stopped answering"
     assert sick not in {o.backend for o in outcomes}
+
+
+def test_an_engine_hung_while_idle_is_not_generating_for_status_and_restarted_by_the_watchdog(
+        capsys: pytest.CaptureFixture[str], lab: Lab, lab_state: LabState, pair: Path, tmp_path: Path) -> None:
+    """The stall hits instance 1 while it has nothing to do, as under short requests: its gauges freeze at idle
+    and /health answers 200, so only a request shows it. `status` names it not generating (its 1-token probe got
+    no answer), not healthy and not the network; `watch --restart-stalled` restarts it while instance 0 keeps
+    serving a bounded load with no failed request."""
+    address = lab_state.host(HOST).address
+    healthy = f"{address}:8000"
+    rotation = tmp_path / "rotation.json"
+    rotation.write_text(json.dumps([healthy]))
+    load = LoadBalancer(rotation, "ERNIE-4.5-0.3B-PT", workers=2, stream_tokens=40, tokens=8, pause=0.2,
+                        max_seconds=120)
+    before_restart = start_times(lab, HOST)
+    load.start()
+    try:
+        faults(lab, STALLED)
+        time.sleep(STALL_SEEN_S)
+        rc, doc = cli(capsys, "status", "-i", str(pair), "--limit", HOST)
+        assert rc == 2, json.dumps(doc, indent=1)
+        seen = instances(doc)
+        assert seen["ernie-vllm-1"]["health"] == "200"
+        progress = seen["ernie-vllm-1"]["progress"]
+        assert progress["state"] == "not-generating", progress
+        assert "no requests running or waiting" in progress["evidence"] and "got no answer within 3 s" in \
+            progress["evidence"], progress
+        drift = [d for d in doc["hosts"][HOST]["drift"] if d["kind"] == "progress"]
+        assert len(drift) == 1 and "restart" in drift[0]["fix"], drift
+
+        rc, doc = cli(capsys, "watch", "-i", str(pair), "--limit", HOST, "--restart-stalled", "--for", "8",
+                      "--every", "8", "--idle-timeout", "1", "--no-slo-gate", "--startup-budget", "60")
+        assert rc == 0, json.dumps(doc, indent=1)
+        restarts = [d for r in doc["rounds"] for d in r["decisions"]]
+        assert [(d["unit"].removesuffix(".service"), d["outcome"]) for d in restarts] == [
+            ("ernie-vllm-1", "restarted")], restarts
+        after_restart = start_times(lab, HOST)
+        assert after_restart["ernie-vllm-1.service"] != before_restart["ernie-vllm-1.service"]
+        assert after_restart["ernie-vllm-0.service"] == before_restart["ernie-vllm-0.service"]
+    finally:
+        outcomes = load.finish()
+        faults(lab, QUICK)
+    lost = [o for o in outcomes if not o.ok]
+    assert outcomes and not lost, lost[:3]

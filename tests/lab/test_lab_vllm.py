@@ -180,7 +180,7 @@ def test_kill_mode_decides_whether_a_tp2_stream_survives_a_stop(lab: Lab, units:
         assert len([c for c in chunks if "choices" in c]) < 400
         assert "] Worker proc VllmWorker-" in journal and "died unexpectedly (exit code: 0)" in journal, journal[-2000:]
         assert "EngineDeadError" in journal
-        assert stop.stdout.strip() == "failed"  # the API server exits 1 after the engine death
+        assert stop.stdout.strip() == "inactive"  # the API server exits 0 after the engine death, as real vLLM does
 
 
 def test_second_instance_on_the_same_gpu_fails_on_free_memory(units: Units) -> None:

@@ -106,6 +106,8 @@ class ServerState:
     on_stream_error: Callable[[bool], None] | None = None
     # Called after a request was refused because the engine is shutting down (0.32: uvicorn's ASGI traceback).
     on_drain_reject: Callable[[], None] | None = None
+    # Called after the dead engine's 500 went out: the error handler's terminate_if_errored stops the server.
+    on_dead_reply: Callable[[], None] | None = None
     latency: LatencyModel = field(default_factory=LatencyModel)  # TP, faults' latency_scale / token_seconds
     log_stats: bool = True  # False with --disable-log-stats: /metrics has no vllm: family (metrics_text)
     draining: bool = False  # the engine is stopping (0.32): new generation requests fail with 500
@@ -114,6 +116,9 @@ class ServerState:
     # admits nothing); `frozen` holds the gauges a hung engine last reported.
     stall_mode: str | None = None
     frozen: dict[str, float] | None = None
+    # A worker died and the executor is still ending the others (vllm_shutdown._executor_grace): the engine's step
+    # waits on the dead worker, so nothing runs, while the API server does not know yet (/health 200).
+    halted: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
     inflight: int = 0
     running: int = 0
@@ -160,10 +165,17 @@ class ServerState:
             self.unstalled.notify_all()
 
     def wait_unstalled(self, modes: tuple[str, ...]) -> None:
-        """Block while the stall is one of `modes`; an engine death (or its end in a shutdown) ends the wait."""
+        """Block while the stall is one of `modes` or the engine is halted; an engine death (or its end in a
+        shutdown) ends the wait."""
         with self.lock:
-            while self.stall_mode in modes and not self.dead.is_set():
+            while (self.stall_mode in modes or self.halted) and not self.dead.is_set():
                 self.unstalled.wait(0.2)
+
+    def halt(self) -> None:
+        """The engine stops making progress until it is declared dead (`mark_dead`)."""
+        with self.lock:
+            self.halted = True
+            self.unstalled.notify_all()
 
     def mark_dead(self) -> None:
         """The engine is gone: /health turns 503 and every request in flight ends at its next token."""
@@ -299,6 +311,7 @@ class Handler(BaseHTTPRequestHandler):
     state: ServerState  # set on the subclass made by make_handler
     _status = 0  # status of the answer being sent (for the 0.32 HTTP metrics)
     _sent = 0  # its content-length (0 for a stream, as the instrumentator counts it)
+    _raw = b""  # the request's body, read before anything is answered
 
     # -- plumbing --------------------------------------------------------------------------------
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
@@ -328,11 +341,32 @@ class Handler(BaseHTTPRequestHandler):
         """FastAPI's responses carry no spaces (0.32 captures); older profiles keep json.dumps' default."""
         return json.dumps(obj, separators=(",", ":")) if self.state.profile.compact_json else json.dumps(obj)
 
-    def _body(self) -> dict[str, Any]:
-        length = int(self.headers.get("content-length", 0) or 0)
-        raw = self.rfile.read(length) if length else b""
+    def _read_body(self) -> None:
+        """Read the whole request body (Content-Length, or chunked) before any answer, whatever the route and
+        outcome: an answer that leaves body bytes unread desynchronises a keep-alive connection, and a proxy's
+        next request on it would be parsed from the leftover bytes (a 400 it does not retry). A body that cannot
+        be framed closes the connection after the answer."""
         try:
-            data = json.loads(raw or b"{}")
+            if "chunked" in self.headers.get("transfer-encoding", "").lower():
+                parts = []
+                while size := int(self.rfile.readline().split(b";", 1)[0].strip() or b"0", 16):
+                    parts.append(self.rfile.read(size))
+                    self.rfile.readline()
+                while self.rfile.readline().strip():  # trailer fields, up to the empty line
+                    pass
+                self._raw = b"".join(parts)
+            else:
+                length = int(self.headers.get("content-length", 0) or 0)
+                if length < 0:
+                    raise ValueError(f"negative content-length {length}")
+                self._raw = self.rfile.read(length)
+        except ValueError:
+            self._raw = b""
+            self.close_connection = True
+
+    def _body(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self._raw or b"{}")
         except json.JSONDecodeError as err:
             raise ApiError(400, f"Invalid JSON body: {err}", "BadRequestError") from err
         if not isinstance(data, dict):
@@ -366,6 +400,7 @@ class Handler(BaseHTTPRequestHandler):
             state.inflight += 1
         started, self._status, self._sent = time.monotonic(), 0, 0
         try:
+            self._read_body()
             self._route(method)
         except ApiError as err:
             self._json(err.status, error_body(state.profile, err))
@@ -378,7 +413,7 @@ class Handler(BaseHTTPRequestHandler):
                 state.inflight -= 1
                 state.idle.notify_all()
             if state.profile.forms_032 and self._status:
-                received = int(self.headers.get("content-length", 0) or 0)
+                received = len(self._raw)
                 state.store.http_done(self.path.split("?", 1)[0], method, self._status, (received, self._sent),
                                       time.monotonic() - started)
 
@@ -454,10 +489,12 @@ class Handler(BaseHTTPRequestHandler):
         if profile.engine_dead_client_message or profile.engine_dead_text_500:
             message = ENGINE_DEAD_MESSAGE if profile.engine_dead_text_500 else ENGINE_DEAD_CLIENT_MESSAGE
             self._json(500, error_body(profile, ApiError(500, message, "InternalServerError")))
-            return
-        self.send_response(500)
-        self.send_header("content-length", "0")
-        self.end_headers()
+        else:
+            self.send_response(500)
+            self.send_header("content-length", "0")
+            self.end_headers()
+        if self.state.on_dead_reply is not None:
+            self.state.on_dead_reply()
 
     def _stall(self) -> NoReturn:
         """The request's engine is gone and nothing ends it: send nothing until the client closes the connection."""
@@ -474,7 +511,7 @@ class Handler(BaseHTTPRequestHandler):
     def _drain_reject(self) -> None:
         """0.32: once AsyncLLM.shutdown has shut the renderer's executor, tokenizing a new prompt raises
         RuntimeError, which the ASGI app answers 500 with its text (captured drain-new-request.json)."""
-        self._body()
+        self._body()  # a body that is no JSON object is still FastAPI's 400, before the handler runs
         err = ApiError(500, "cannot schedule new futures after shutdown", "InternalServerError")
         self._json(500, error_body(self.state.profile, err))
         if self.state.on_drain_reject is not None:

