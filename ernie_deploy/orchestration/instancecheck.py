@@ -63,7 +63,7 @@ def systemd_check(inst: InstancePlan, state: UnitState, journal: list[str], now_
                                                         f", but restarted {state.n_restarts} time(s) by systemd "
                                                         f"{up_s or 0:.0f}s ago"),
                                evidence if story else (),
-                               cause="the engine died and systemd's Restart=always brought it back",
+                               cause="the service exited and systemd's Restart=always brought it back",
                                fix=f"journalctl -u {inst.unit} to see why it died", instance=inst.unit)
         if story:
             summary += f"; {story.text}"

@@ -161,15 +161,14 @@ def report_of(host: str, snap: Snapshot, seen: HostStatus) -> StatusReport:
         unit = unit_of(inst)
         state = facts.units.get(unit)
         up = up_seconds(state, facts.now_us) if state is not None else None
+        problem, story = converge.serving_problem(unit, facts, stable), converge.death_story(unit, facts)
         report.instances.append({
             "unit": unit, "index": inst.index, "gpus": list(inst.gpus), "port": inst.port,
             "state": f"{state.active_state}/{state.sub_state}" if state else "not installed",
             "pid": state.main_pid if state else 0, "uptime_s": round(up, 1) if up is not None else None,
             "restarts": state.n_restarts if state else 0, "health": facts.health.get(unit),
             "vllm": (facts.running[unit].version or "?") if unit in facts.running else None,
-            "serving": converge.serving_problem(unit, facts, stable) is None,
-            "problem": converge.serving_problem(unit, facts, stable),
-            "death": story.to_json() if (story := converge.death_story(unit, facts)) else None,
+            "serving": problem is None, "problem": problem, "death": story.to_json() if story else None,
             "progress": None,  # read once the snapshot says which instances serve: StatusReader._host
             "balancers": {}})  # filled once the balancers are read: StatusReader.run
     now = releases.current(seen.releases, facts.files)

@@ -123,6 +123,22 @@ def instances(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {i["unit"].removesuffix(".service"): i for i in doc["hosts"][HOST]["instances"]}
 
 
+def watchdog_restarts_instance_1(capsys: pytest.CaptureFixture[str], lab: Lab, pair: Path,
+                                 before: dict[str, str]) -> dict[str, Any]:
+    """`watch --restart-stalled` restarts instance 1 and only it; its JSON. Rounds of one 2 s window each: --for
+    leaves the first round time to decide on a restart, and the round after the restart (at once) judges it."""
+    rc, doc = cli(capsys, "watch", "-i", str(pair), "--limit", HOST, "--restart-stalled", "--for", "8",
+                  "--every", "8", "--idle-timeout", "1", "--no-slo-gate", "--startup-budget", "60")
+    assert rc == 0, json.dumps(doc, indent=1)
+    restarts = [d for r in doc["rounds"] for d in r["decisions"]]
+    assert [(d["unit"].removesuffix(".service"), d["outcome"]) for d in restarts] == [
+        ("ernie-vllm-1", "restarted")], restarts
+    after = start_times(lab, HOST)
+    assert after["ernie-vllm-1.service"] != before["ernie-vllm-1.service"]
+    assert after["ernie-vllm-0.service"] == before["ernie-vllm-0.service"]
+    return doc
+
+
 def test_a_stalled_instance_is_named_by_status_and_verify_and_restarted_by_the_watchdog_without_lost_capacity(
         capsys: pytest.CaptureFixture[str], lab: Lab, lab_state: LabState, pair: Path, tmp_path: Path) -> None:
     address = lab_state.host(HOST).address
@@ -164,18 +180,8 @@ def test_a_stalled_instance_is_named_by_status_and_verify_and_restarted_by_the_w
         assert "stalled" in progress["summary"] and "running 2→" in progress["summary"], progress
         assert streams.events == stalled_at  # nothing came out of the stalled engine meanwhile
 
-        # Rounds of one 2 s window each: --for leaves the first round time to decide on a restart, and the round
-        # after the restart (at once) judges it.
-        rc, doc = cli(capsys, "watch", "-i", str(pair), "--limit", HOST, "--restart-stalled", "--for", "8",
-                      "--every", "8", "--idle-timeout", "1", "--no-slo-gate", "--startup-budget", "60")
-        assert rc == 0, json.dumps(doc, indent=1)
-        restarts = [d for r in doc["rounds"] for d in r["decisions"]]
-        assert [(d["unit"].removesuffix(".service"), d["outcome"]) for d in restarts] == [
-            ("ernie-vllm-1", "restarted")], restarts
+        doc = watchdog_restarts_instance_1(capsys, lab, pair, before_restart)
         assert all(i["healthy"] for i in doc["end"]["instances"]), doc["end"]
-        after_restart = start_times(lab, HOST)
-        assert after_restart["ernie-vllm-1.service"] != before_restart["ernie-vllm-1.service"]
-        assert after_restart["ernie-vllm-0.service"] == before_restart["ernie-vllm-0.service"]
 
         rc, doc = cli(capsys, "status", "-i", str(pair), "--limit", HOST)
         assert rc == 0, json.dumps(doc, indent=1)
@@ -220,15 +226,7 @@ def test_an_engine_hung_while_idle_is_not_generating_for_status_and_restarted_by
         drift = [d for d in doc["hosts"][HOST]["drift"] if d["kind"] == "progress"]
         assert len(drift) == 1 and "restart" in drift[0]["fix"], drift
 
-        rc, doc = cli(capsys, "watch", "-i", str(pair), "--limit", HOST, "--restart-stalled", "--for", "8",
-                      "--every", "8", "--idle-timeout", "1", "--no-slo-gate", "--startup-budget", "60")
-        assert rc == 0, json.dumps(doc, indent=1)
-        restarts = [d for r in doc["rounds"] for d in r["decisions"]]
-        assert [(d["unit"].removesuffix(".service"), d["outcome"]) for d in restarts] == [
-            ("ernie-vllm-1", "restarted")], restarts
-        after_restart = start_times(lab, HOST)
-        assert after_restart["ernie-vllm-1.service"] != before_restart["ernie-vllm-1.service"]
-        assert after_restart["ernie-vllm-0.service"] == before_restart["ernie-vllm-0.service"]
+        watchdog_restarts_instance_1(capsys, lab, pair, before_restart)
     finally:
         outcomes = load.finish()
         faults(lab, QUICK)
