@@ -494,9 +494,12 @@ class ShutdownMixin:
             return
         self._log_output_handler_failed()
         state.mark_dead()
-        deadline = time.monotonic() + 2.0  # each request sends its error at once
+        # Each request sends its error (and a stream its [DONE]) at once, before the HTTP server is told to stop:
+        # wait until the answers are written, not only until the engine let go of them, or a loaded machine shows
+        # "Waiting for connections to close" where real vLLM's error outcome has none.
+        deadline = time.monotonic() + 2.0
         with state.lock:
-            while state.running + state.waiting and time.monotonic() < deadline:
+            while (state.running + state.waiting or state.inflight) and time.monotonic() < deadline:
                 state.idle.wait(0.1)
 
     def _log_drain_reject(self) -> None:
