@@ -109,7 +109,7 @@ def test_json_v3_has_each_instances_server_and_each_balancer(
     view = View({"lb-1": {"a-0": ServerStat("DRAIN", 2, 0), "a-1": UP, "old-0": UP}})
     reader, results = _status(fake, hosts, view)
     doc = json.loads(_show(reader, results, capsys, json_out=True))
-    assert doc["schema"] == STATUS_SCHEMA == "ernie-deploy/status/v4" and doc["exit_code"] == ExitCode.FAILED
+    assert doc["schema"] == STATUS_SCHEMA == "ernie-deploy/status/v5" and doc["exit_code"] == ExitCode.FAILED
     assert list(doc["hosts"]) == ["a"]  # a balancer is not a vLLM host
     first = doc["hosts"]["a"]["instances"][0]
     assert first["index"] == 0 and first["balancers"] == {"lb-1": {

@@ -101,7 +101,7 @@ def test_status_json_v4_carries_each_instances_progress(
                            "ernie-vllm-1": [page(0, 2, 10), page(0, 5, 10)]}
     code, out = _status_cli(monkeypatch, capsys, fake, path, "--json")
     doc = json.loads(out)
-    assert doc["schema"] == "ernie-deploy/status/v4" and code == doc["exit_code"] == ExitCode.FAILED
+    assert doc["schema"] == "ernie-deploy/status/v5" and code == doc["exit_code"] == ExitCode.FAILED
     host = doc["hosts"]["a"]
     first, second = (i["progress"] for i in host["instances"])
     assert first["state"] == "ok" and first["healthy"] and first["fix"] is None

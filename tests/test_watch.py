@@ -297,7 +297,7 @@ def test_the_json_document_carries_rounds_decisions_and_the_end(tmp_path: Path,
     report = watch_run(fakes, hosts, {("a", UNIT0): {1: "stalled"}}, restart_stalled=True, once=True)
     show_end(report, json=True)
     doc = json.loads(capsys.readouterr().out)
-    assert doc["schema"] == WATCH_SCHEMA == "ernie-deploy/watch/v1" and doc["exit_code"] == 0
+    assert doc["schema"] == WATCH_SCHEMA == "ernie-deploy/watch/v2" and doc["exit_code"] == 0
     assert doc["ended"] == "once" and doc["restart_stalled"] is True and len(doc["rounds"]) == 2
     (decision,) = doc["rounds"][0]["decisions"]
     assert decision["outcome"] == "restarted" and decision["result"]["status"] == "changed"

@@ -13,8 +13,12 @@ RELEASES_SCHEMA = "ernie-deploy/releases/v2"  # v2: each release's "failed" reco
 FACTS_SCHEMA = "ernie-deploy/facts/v3"
 RUN_SCHEMA = "ernie-deploy/run/v1"
 # status v2: the vLLM the processes run, and the installed one; v3: balancers; v4: each instance's "progress"
-# (state, healthy, evidence, fix, the readings; null when it does not serve), and drift of kind "progress"
-STATUS_SCHEMA = "ernie-deploy/status/v4"
+# (state, healthy, evidence, fix, the readings; null when it does not serve), and drift of kind "progress"; v5: each
+# instance's "death" (text, fix, serving: how its engine last died and what followed; null when it has not died)
+# and the progress state "not-generating"
+STATUS_SCHEMA = "ernie-deploy/status/v5"
 BENCH_SCHEMA = "ernie-deploy/bench/v1"  # per instance: workload, results, SLO verdicts, vLLM's raw result
 CALIBRATE_SCHEMA = "ernie-deploy/calibrate/v1"  # per canary: candidates, measurements, winner, restore
-WATCH_SCHEMA = "ernie-deploy/watch/v1"  # rounds (instances' progress, restart decisions), end state (docs/watch.md)
+# rounds (instances' progress, restart decisions), end state (docs/watch.md); v2: each instance's "death" and the
+# progress state "not-generating"
+WATCH_SCHEMA = "ernie-deploy/watch/v2"
