@@ -1,5 +1,5 @@
 """The tool on real vLLM (its CPU build) in the lab: provision → deploy → verify, a rolling restart under load
-through the hooks, a TP-2 drain that runs past its timeout, a start-up real vLLM refuses that the planner
+through the hooks, an engine and a TP worker killed under load that come back by themselves, a TP-2 drain that runs past its timeout, a start-up real vLLM refuses that the planner
 cannot foresee, rolled back, and a load test with real `vllm bench serve`. The rolling restart goes through
 the lab's HAProxy, lb-real, and the hooks at once.
 
@@ -10,6 +10,7 @@ a minute or more on 2 cores (docs/lab.md), so each test restarts as few instance
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -225,6 +226,74 @@ def test_rolling_restart_under_load_through_lb_real_and_the_hooks_loses_no_reque
         assert wait_for(balancer.all_up, 60), balancer.stats()
         for h in doc["hosts"]:
             assert {"drain", "stop", "gpu_release", "load", "ready"} <= set(h["timings"][UNIT]), h["timings"]
+    finally:
+        real_lab.ssh("lb-real", "systemctl disable --now -q haproxy.service")
+
+
+# (host, the real process killed): real-1's engine (TP 1), then one of real-2's two workers (TP 2). Real vLLM names
+# them in its command line (tests/fixtures/real-vllm/0.32.0/README.md); the oldest match is the one to kill.
+KILLS = (("real-1", "VLLM::EngineCore"), ("real-2", "VLLM::Worker_TP1"))
+# systemd's RestartSec (10 s) plus a real start-up beside a light load on 2 cores (35-90 s, docs/lab.md), with room.
+BACK_WITHIN = 420
+
+
+def test_a_killed_engine_or_worker_comes_back_serving_by_itself_and_status_tells_the_story(
+        capsys: pytest.CaptureFixture[str], real_lab: Lab, deployed: Path, tmp_path: Path) -> None:
+    """kill -9 of real-1's EngineCore, then of real-2's second TP worker, under a light load through lb-real. Real
+    vLLM exits 0 after either death (vLLM #48966; the captures), so only the unit's Restart=always brings each back:
+    no operator acts. Each serves again through lb-real, its journal shows the clean exit and systemd's restart,
+    and `status` tells the death by real vLLM's own line, the restart and how long it took to serve again."""
+    state = real_lab.require_state()
+    balanced = write_inventory(state, tmp_path / "balanced.yml", balancers=True)
+    data = yaml.safe_load(balanced.read_text())
+    data["all"]["children"][BALANCER_GROUP]["vars"]["vllm_balancer_check_interval"] = 3  # as the rolling test
+    balanced.write_text(yaml.safe_dump(data))
+    balancer = LabBalancer(real_lab, "lb-real")
+    try:
+        rc, doc = run(capsys, "deploy", balanced)
+        assert rc == 0, [(h["host"], h["status"], h["message"]) for h in doc["hosts"]]
+        real_lab.ssh("lb-real", "systemctl is-active -q haproxy || systemctl start haproxy")
+        assert wait_for(balancer.all_up, 120), balancer.stats()
+        fronted = through(balancer.frontend, MODEL, tmp_path, workers=1, max_seconds=1200, stream_tokens=16,
+                          tokens=8, request_timeout=180, pause=1.5)
+        since = {h: real_lab.ssh(h, "date +%s").stdout.strip() for h, _ in KILLS}
+
+        def serves_anew(host: str, before: str) -> bool:
+            """A new main process (systemd's restart, no operator) that answers /health 200."""
+            return main_pid(real_lab, host) not in ("0", "", before) and healthy(backend(state, host))
+
+        back_at: dict[str, float] = {}
+        fronted.start()
+        try:
+            time.sleep(3.0)
+            for host, name in KILLS:
+                before = main_pid(real_lab, host)
+                killed = real_lab.ssh(host, f"kill -9 \"$(pgrep -o -f '^{name}')\"")
+                assert killed.returncode == 0, killed.stderr
+                assert wait_for(functools.partial(serves_anew, host, before), BACK_WITHIN), f"{host} not back"
+                assert wait_for(balancer.all_up, 120), balancer.stats()
+                back_at[host] = time.time()
+            time.sleep(6.0)
+        finally:
+            outcomes = fronted.finish()
+        # The fleet served through it all and after: requests completed once both instances were back.
+        last = max(back_at.values())
+        assert any(o.ok and o.started > last for o in outcomes), len(outcomes)
+        assert sum(o.ok for o in outcomes) > 2 * sum(not o.ok for o in outcomes), [o.detail[:80] for o in outcomes
+                                                                                   if not o.ok][:5]
+        for host, _ in KILLS:
+            journal = real_lab.ssh(host, f"journalctl -u {UNIT} --since @{since[host]} --no-pager -o cat").stdout
+            assert "Deactivated successfully" in journal, journal[-3000:]  # exit 0: on-failure would stay down
+            assert "Scheduled restart job, restart counter is at 1." in journal, journal[-3000:]
+        rc, doc = run(capsys, "status", balanced)
+        for host, _ in KILLS:
+            (inst,) = doc["by_host"][host]["instances"]
+            death = inst["death"]
+            assert inst["restarts"] == 1 and death is not None and death["serving"], inst
+            assert "restarted by systemd, serving again after" in death["text"], death
+        assert "engine core exited unexpectedly" in doc["by_host"]["real-1"]["instances"][0]["death"]["text"]
+        assert "Worker proc VllmWorker-1 died unexpectedly" in \
+            doc["by_host"]["real-2"]["instances"][0]["death"]["text"]
     finally:
         real_lab.ssh("lb-real", "systemctl disable --now -q haproxy.service")
 
