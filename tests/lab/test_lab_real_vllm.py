@@ -1,7 +1,8 @@
 """The tool on real vLLM (its CPU build) in the lab: provision → deploy → verify, a rolling restart under load
 through the hooks, an engine and a TP worker killed under load that come back by themselves, a TP-2 drain that
-runs past its timeout, a start-up real vLLM refuses that the planner cannot foresee, rolled back, and a load test with real `vllm bench serve`. The rolling restart goes through
-the lab's HAProxy, lb-real, and the hooks at once.
+runs past its timeout, a start-up real vLLM refuses that the planner cannot foresee, rolled back, and a load
+test with real `vllm bench serve`. The rolling restart goes through the lab's HAProxy, lb-real, and the hooks at
+once.
 
 One lab of two real-vLLM hosts (ernie_deploy/data/lab-real-vllm.yml: real-1 serves at TP 1, real-2 at TP 2)
 is booted, provisioned and deployed once for the module; the tests run in file order on it. Real start-ups take
