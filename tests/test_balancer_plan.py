@@ -146,7 +146,7 @@ def test_a_relative_template_starts_at_the_inventorys_directory(balancers: Balan
 @pytest.mark.parametrize(("variables", "message", "fix"), [
     ({"vllm_balancer_prot": 80}, "unknown variable vllm_balancer_prot", "did you mean vllm_balancer_port?"),
     ({"vllm_balancer_port": 70000}, "vllm_balancer_port must be at least 1 and at most 65535", "8080"),
-    ({"vllm_balancer_port": "80"}, "vllm_balancer_port must be int", None),
+    ({"vllm_balancer_port": "eighty"}, "vllm_balancer_port must be int", None),
     ({"vllm_balancer_bind": "lb.example"}, "vllm_balancer_bind must be an IP address", "0.0.0.0"),
     ({"vllm_balancer_admin_socket": "run/admin.sock"}, "must be an absolute path", "/run/haproxy/admin.sock"),
     ({"vllm_balancer_admin_socket": "/run/" + "s" * 110}, "a unix socket path may have 107", "shorter"),

@@ -135,7 +135,7 @@ def test_one_error_text_lists_every_problem() -> None:
     from ernie_deploy.planning.settings import inventory_settings
 
     with pytest.raises(InventoryError) as err:
-        inventory_settings({"vllm_prot": 1, "vllm_gpu_modle": "x", "vllm_port": "80"}, "h")
+        inventory_settings({"vllm_prot": 1, "vllm_gpu_modle": "x", "vllm_port": "eighty"}, "h")
     text = str(err.value)
     assert text.startswith("h: 3 problems in its variables:")
     assert "vllm_prot (fix: did you mean vllm_port?)" in text and "vllm_port must be int" in text
@@ -492,7 +492,7 @@ def test_kvcache_space_below_one_gib_is_an_error(plan_one: Plan, space: int) -> 
 
 @pytest.mark.parametrize(("var", "value", "words"), [
     ("vllm_cpu_kvcache_space", 1.5, "vllm_cpu_kvcache_space must be int, got float 1.5"),
-    ("vllm_cpu_kvcache_space", "1", "vllm_cpu_kvcache_space must be int, got str '1'"),
+    ("vllm_cpu_kvcache_space", "one", "vllm_cpu_kvcache_space must be int, got str 'one'"),
     ("vllm_cpu_omp_threads_bind", 5, "vllm_cpu_omp_threads_bind must be str or list of str, got int 5"),
     ("vllm_cpu_omp_threads_bind", ["0", 1], "vllm_cpu_omp_threads_bind must be str or list of str"),
 ])

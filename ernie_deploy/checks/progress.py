@@ -23,6 +23,7 @@ from typing import Any
 from ernie_deploy.checks.metrics import parse_sample
 from ernie_deploy.checks.result import CheckResult
 from ernie_deploy.errors import InventoryError
+from ernie_deploy.inventory.coerce import coerce
 
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
@@ -127,7 +128,7 @@ def thresholds_of(host: str, hostvars: Mapping[str, Any]) -> Thresholds:
     values: dict[str, float] = {}
     problems: list[tuple[str, str]] = []  # (message, fix)
     for var, (field, low, high, fix) in VARIABLES.items():
-        value = hostvars.get(var)
+        value = coerce(hostvars.get(var), (int, float))
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int | float):

@@ -77,8 +77,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from ernie_deploy.output.remote import say_stopped
     inventory, ctx, hosts = targets(args)
     canaries = prepare(hosts, ctx, args.max_candidates)
-    where = args.inventory.resolve()
-    table_out: Path = args.table_out or (where if where.is_dir() else where.parent) / TABLE_OUT
+    table_out: Path = args.table_out or args.inventory.base_dir / TABLE_OUT
     if args.check:
         show_calibrate([], canaries, [], 0, json=args.json, table_out=None, check=True)
         return 0

@@ -14,6 +14,7 @@ from ernie_deploy.output.schemas import EXPORT_SCHEMA
 
 if TYPE_CHECKING:
     from ernie_deploy.export.ansible import ExportFile
+    from ernie_deploy.inventory.inventory import Inventory
 
 
 def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
@@ -54,8 +55,8 @@ def register(sub: argparse._SubParsersAction[Any], common: Any) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from ernie_deploy.cli.inventories import load
     from ernie_deploy.export.ansible import ExportOptions, export_files, host_files, masked_balancer
-    from ernie_deploy.inventory.inventory import load_inventory
     from ernie_deploy.output.export import say_plan_errors, show_export
     from ernie_deploy.planning.balancer import plan_balancers, render_balancer, split_hosts
     from ernie_deploy.planning.batches import parse_percentage, parse_serial
@@ -69,13 +70,13 @@ def cmd_export(args: argparse.Namespace) -> int:
                             max_fail_percentage=parse_percentage(args.max_fail_percentage)
                             if args.max_fail_percentage else None, pre_drain=args.pre_drain,
                             post_ready=args.post_ready)
-    inventory = load_inventory(args.inventory)
-    base_dir = args.inventory.resolve().parent
+    inventory = load(args)
+    base_dir = args.inventory.base_dir
     ctx = PlanContext.load(args.table, base_dir=base_dir)
     selected, chosen_balancers = split_hosts(inventory.select(args.limit))
     plans = plan_hosts(list[HostLike](selected), ctx)
     if not plans and not chosen_balancers:
-        raise DeployError(f"no host matches --limit {args.limit!r}", where=str(args.inventory))
+        raise DeployError(f"no host matches --limit {args.limit!r}", where=args.inventory.shown)
     bad = [p.name for p in plans if not p.ok]
     if bad:
         say_plan_errors(bad)
@@ -90,26 +91,38 @@ def cmd_export(args: argparse.Namespace) -> int:
     env = environment_for_templates(templates_dir(args.templates))
     rendered = {p.name: host_files(p, partial(render_host, env=env)) for p in plans}
     configs = {b.host: render_balancer(masked_balancer(b)) for b in balancers}
-    files = export_files(args.inventory, plans, rendered, options, balancers, configs, fronts)
+    files = export_files(_inventory_source(args), plans, rendered, options, balancers, configs, fronts)
     write_tree(args.output, files)
     hosts = [p.name for p in plans] + [h.name for h in chosen_balancers]
     show_export(args.output, hosts, [f.path for f in files], json=args.json)
     return ExitCode.OK
 
 
+def _inventory_source(args: argparse.Namespace) -> Path | Inventory:
+    """What the export writes its inventory from: a single YAML inventory file as the user wrote it, else the
+    inventory as read (raw: templates and vault values as they are)."""
+    from ernie_deploy.cli.inventories import load_raw
+    from ernie_deploy.inventory.sources import classify
+    (first, *more) = args.inventory.given
+    source = classify(first)
+    if not more and not source.foreign and not Path(first).is_dir():
+        return Path(first)
+    return load_raw(args)
+
+
 def cmd_export_prometheus(args: argparse.Namespace) -> int:
     from ernie_deploy.checks.progress import thresholds_of
+    from ernie_deploy.cli.inventories import load
     from ernie_deploy.export.prometheus import export_files, release_digest
-    from ernie_deploy.inventory.inventory import load_inventory
     from ernie_deploy.output.export import say_plan_errors, show_export
     from ernie_deploy.planning.balancer import split_hosts
     from ernie_deploy.planning.plan import HostLike, PlanContext, plan_hosts
     from ernie_deploy.planning.render import environment_for_templates, render_host, templates_dir
-    inventory = load_inventory(args.inventory)
-    ctx = PlanContext.load(args.table, base_dir=args.inventory.resolve().parent)
+    inventory = load(args)
+    ctx = PlanContext.load(args.table, base_dir=args.inventory.base_dir)
     selected, _ = split_hosts(inventory.select(args.limit))
     if not selected:
-        raise DeployError(f"no vLLM host matches --limit {args.limit!r}", where=str(args.inventory))
+        raise DeployError(f"no vLLM host matches --limit {args.limit!r}", where=args.inventory.shown)
     thresholds = {h.name: thresholds_of(h.name, h.vars) for h in selected}  # bad values: before anything is planned
     plans = plan_hosts(list[HostLike](selected), ctx)
     bad = [p.name for p in plans if not p.ok]

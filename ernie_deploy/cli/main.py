@@ -21,6 +21,7 @@ from ernie_deploy.cli.bench import register as register_bench
 from ernie_deploy.cli.calibrate import register as register_calibrate
 from ernie_deploy.cli.export import register as register_export
 from ernie_deploy.cli.files import swap_in
+from ernie_deploy.cli.inventories import add_inventory_options
 from ernie_deploy.cli.lab import register as register_lab
 from ernie_deploy.cli.provision import register as register_provision
 from ernie_deploy.cli.remote import register as register_remote
@@ -39,8 +40,7 @@ def _common(p: argparse.ArgumentParser, limit: bool = True) -> None:
     p.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
                    help="-v: the detail (passing checks, advice and info findings, steps, timings, remote "
                         "commands); -vvv: tracebacks")
-    p.add_argument("-i", "--inventory", required=True, type=Path, metavar="INV",
-                   help="Ansible-style YAML inventory (group_vars/ and host_vars/ beside it are read too)")
+    add_inventory_options(p)
     if limit:
         p.add_argument("-l", "--limit", metavar="PATTERN",
                        help="Ansible host pattern: names, groups, globs, a:b union, a:&b intersection, a:!b exclusion")
@@ -102,8 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("inventory", help="show the inventory exactly as ansible-inventory would",
                        description="Same output as `ansible-inventory -i INV --list|--host|--graph`, so the two "
-                                   "can be diffed.")
-    p.add_argument("-i", "--inventory", required=True, type=Path, metavar="INV")
+                                   "can be diffed, except that a secret's plain value (vllm_api_key, hf_token, ...) "
+                                   "shows as [REDACTED]; vault ciphertext and {{ templates }} show as they are.")
+    add_inventory_options(p)
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--list", action="store_true", help="all groups and host variables as JSON")
     mode.add_argument("--host", metavar="HOST", help="one host's variables as JSON")
@@ -124,10 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _load(args: argparse.Namespace) -> tuple[Inventory, PlanContext]:
-    from ernie_deploy.inventory.inventory import load_inventory
+    from ernie_deploy.cli.inventories import load
     from ernie_deploy.planning.plan import PlanContext
-    inventory = load_inventory(args.inventory)
-    ctx = PlanContext.load(args.table, base_dir=args.inventory.resolve().parent)
+    inventory = load(args)
+    ctx = PlanContext.load(args.table, base_dir=args.inventory.base_dir)
     return inventory, ctx
 
 
@@ -206,7 +207,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from ernie_deploy.planning.plan import plan_hosts
     inventory, ctx = _load(args)
     if args.host not in inventory.hosts:
-        raise DeployError(f"no host {args.host!r} in the inventory", where=str(args.inventory),
+        raise DeployError(f"no host {args.host!r} in the inventory", where=args.inventory.shown,
                           hint="run `ernie-deploy inventory -i INV --graph` to list the hosts")
     host = inventory.hosts[args.host]
     _, balancer_hosts = split_hosts(inventory.hosts.values())
@@ -222,9 +223,11 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_inventory(args: argparse.Namespace) -> int:
-    from ernie_deploy.inventory.inventory import load_inventory
+    from ernie_deploy.cli.inventories import load_raw
     from ernie_deploy.output.inventory import show_ansible_json, show_graph
-    inventory = load_inventory(args.inventory)
+    from ernie_deploy.planning.settings import redacted_secrets
+    # As ansible-inventory shows it, but a secret's plain value is [REDACTED] (vault ciphertext and templates show).
+    inventory = load_raw(args).redacted(redacted_secrets)
     if args.graph:
         show_graph(inventory.graph(args.graph, with_vars=args.vars))
     else:

@@ -53,7 +53,7 @@ def cmd_provision(args: argparse.Namespace) -> int:
     rate = parse_rate(args.bwlimit)
     _, ctx, hosts = targets(args)
     command = "ernie-deploy provision" + (" --check" if args.check else "")
-    options = ProvisionOptions(base_dir=args.inventory.resolve().parent, check=args.check,
+    options = ProvisionOptions(base_dir=args.inventory.base_dir, check=args.check,
                                verify_files=args.verify_files, rate=rate, lock_wait=args.lock_wait, command=command)
     fleet = Fleet(connector(args), replace(fleet_options(args), any_errors_fatal=args.any_errors_fatal))
     provisioner = Provisioner(ctx, options, fleet)

@@ -63,7 +63,7 @@ def targets(args: argparse.Namespace) -> tuple[Any, PlanContext, list[Host]]:
     vllm, balancer_hosts = split_hosts(hosts)
     if balancer_hosts and not vllm:
         raise InventoryError(f"--limit {args.limit} selects only balancer hosts ({', '.join(h.name for h in hosts)}"
-                             f", group {GROUP}): this command works on vLLM hosts", where=str(args.inventory),
+                             f", group {GROUP}): this command works on vLLM hosts", where=args.inventory.shown,
                              hint="limit it to vLLM hosts; `ernie-deploy deploy --limit "
                                   f"{balancer_hosts[0].name}` applies a balancer's configuration")
     return inventory, ctx, vllm
@@ -71,12 +71,12 @@ def targets(args: argparse.Namespace) -> tuple[Any, PlanContext, list[Host]]:
 
 def selected(args: argparse.Namespace) -> tuple[Any, PlanContext, list[Host]]:
     """The inventory, the planning context and every host --limit selects, balancers included."""
+    from ernie_deploy.cli.inventories import load
     from ernie_deploy.inventory.connection import check_connections
-    from ernie_deploy.inventory.inventory import load_inventory
     from ernie_deploy.planning.balancer import split_hosts
     from ernie_deploy.planning.plan import PlanContext
-    inventory = load_inventory(args.inventory)
-    ctx = PlanContext.load(getattr(args, "table", None), base_dir=args.inventory.resolve().parent)
+    inventory = load(args)
+    ctx = PlanContext.load(getattr(args, "table", None), base_dir=args.inventory.base_dir)
     hosts = list(inventory.select(args.limit))
     vllm, balancer_hosts = split_hosts(hosts)
     # Every ansible_connection is judged before any host is contacted: a bad one touches nothing.
@@ -114,7 +114,7 @@ def balancers(args: argparse.Namespace, inventory: Inventory, ctx: PlanContext, 
     from ernie_deploy.planning.balancer import fleet_plans, plan_balancers
     check_connections(hosts, "balancer hosts")
     plans = plan_balancers(hosts, fleet_plans(inventory.hosts.values(), ctx),
-                           base_dir=args.inventory.resolve().parent)
+                           base_dir=args.inventory.base_dir)
     by_name = {h.name: h for h in hosts}
     for plan in plans:
         for _, server in plan.servers():

@@ -112,7 +112,7 @@ def rollout_options(args: argparse.Namespace, command: str, *, preflight: bool,
     from ernie_deploy.orchestration.rollout import RolloutOptions
     from ernie_deploy.planning.batches import parse_percentage, serial_of
     key = None if getattr(args, "check", False) else \
-        resume.key_of(command, args.inventory, args.limit, getattr(args, "instance", None))
+        resume.key_of(command, args.inventory.key(), args.limit, getattr(args, "instance", None))
     return RolloutOptions(
         serial=serial_of(args.serial, "--serial") if args.serial is not None else None, rolling=True,
         canary=args.canary,

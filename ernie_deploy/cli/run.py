@@ -102,7 +102,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         show_tasks(book)
         return ExitCode.OK
     with balancers(args, inventory, ctx) as lb:
-        options = RunOptions(base_dir=args.inventory.resolve().parent, check=args.check, diff=args.diff,
+        options = RunOptions(base_dir=args.inventory.base_dir, check=args.check, diff=args.diff,
                              forks=args.forks, lock_wait=args.lock_wait, known_hosts=tuple(args.known_hosts),
                              templates=args.templates, limit=args.limit,
                              command=f"ernie-deploy run {args.playbook.name}" + (" --check" if args.check else ""),

@@ -91,7 +91,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     from ernie_deploy.planning.plan import plan_host
     inventory, ctx, _ = targets(argparse.Namespace(**{**vars(args), "limit": None}))  # -i and --table only
     if args.host not in inventory.hosts:
-        raise DeployError(f"no host {args.host!r} in the inventory", where=str(args.inventory),
+        raise DeployError(f"no host {args.host!r} in the inventory", where=args.inventory.shown,
                           hint="run `ernie-deploy inventory -i INV --graph` to list the hosts")
     if args.lines < 1:
         raise DeployError(f"--lines must be 1 or more, got {args.lines}")

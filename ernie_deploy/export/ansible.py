@@ -29,12 +29,15 @@ import yaml
 
 from ernie_deploy.errors import InventoryError
 from ernie_deploy.export.program import host_program, regions
+from ernie_deploy.inventory.inventory import Inventory
+from ernie_deploy.inventory.vault import is_vaulted
+from ernie_deploy.inventory.yamlfile import Unsafe, Vaulted, load_yaml, plain
 from ernie_deploy.planning.balancer import BalancerPlan, unit_dropin
 from ernie_deploy.planning.batches import SerialItem
 from ernie_deploy.planning.hostpaths import ENV_DIR, UNIT_DIR, local_url
 from ernie_deploy.planning.plantypes import HostPlan
 from ernie_deploy.planning.render import RenderedFile
-from ernie_deploy.planning.settings import SECRET_VARS, SETTING_TYPES, Secret
+from ernie_deploy.planning.settings import SECRET_FILE_VARS, SECRET_INVENTORY_VARS, Secret
 
 ROLE = "roles/ernie_vllm"
 BALANCER_ROLE = "roles/ernie_balancer"
@@ -43,8 +46,7 @@ BALANCER_GROUP = "ernie_balancers"  # the balancer hosts of the export (group vl
 # HAProxy's default-server `rise`: checks a server passes before it is UP (templates/haproxy.cfg.j2).
 RISE = 2
 MARKER = ".ernie-export"  # names a directory as an export, so a re-export may replace it
-# Inventory variables holding secrets: the vllm_* settings marked secret, and hf_token.
-SECRET_KEYS = frozenset({f"vllm_{name}" for name, t in SETTING_TYPES.items() if t.secret} | set(SECRET_VARS))
+SECRET_KEYS = SECRET_INVENTORY_VARS
 # The env file's variable → the inventory variable its value comes from.
 ENV_SECRET_VAR = {"VLLM_API_KEY": "vllm_api_key", "HF_TOKEN": "hf_token"}
 _SENTINEL = "@@ernie-export-secret-{}@@"
@@ -184,13 +186,25 @@ class _Vault:
 
 def redact(data: Any, vault: _Vault, base: Path) -> Any:
     """A copy of inventory data with secret values replaced by vault references, and ernie-deploy's
-    `ernie_known_hosts` carried over as `ansible_ssh_common_args` (strict host keys against that file)."""
+    `ernie_known_hosts` carried over as `ansible_ssh_common_args` (strict host keys against that file).
+
+    A secret that is already safe to write stays as it is: a `!vault` value (ansible-playbook decrypts it with
+    the same password) or a template (a lookup Ansible evaluates on its controller). A secret given as a file
+    on the controller (vllm_api_key_file) becomes a file lookup of that path."""
     if isinstance(data, list):
         return [redact(v, vault, base) for v in data]
     if not isinstance(data, dict):
         return data
-    out = {k: (vault.ref(k, v) if k in SECRET_KEYS and v is not None else redact(v, vault, base))
-           for k, v in data.items()}
+    out: dict[Any, Any] = {}
+    for k, v in data.items():
+        if k in SECRET_FILE_VARS and isinstance(v, str) and not _JINJA.search(v):
+            path = Path(v).expanduser()
+            out[SECRET_FILE_VARS[k]] = "{{ lookup('ansible.builtin.file', " + repr(str(
+                path if path.is_absolute() else base / path)) + ") }}"
+        elif k in SECRET_KEYS and v is not None and not _safe_secret(v):
+            out[k] = vault.ref(k, v)
+        else:
+            out[k] = redact(v, vault, base)
     known = data.get("ernie_known_hosts")
     if isinstance(known, str) and known:
         path = Path(known).expanduser()
@@ -202,6 +216,11 @@ def redact(data: Any, vault: _Vault, base: Path) -> Any:
     return out
 
 
+def _safe_secret(value: Any) -> bool:
+    return isinstance(value, Vaulted) or (isinstance(value, str) and not isinstance(value, Unsafe)
+                                          and bool(_JINJA.search(value)))
+
+
 class _Dumper(yaml.SafeDumper):
     """Lists indented under their key, as ansible-lint's yamllint rules want."""
 
@@ -209,33 +228,61 @@ class _Dumper(yaml.SafeDumper):
         super().increase_indent(flow, False)
 
 
+_Dumper.add_representer(Vaulted, lambda d, v: d.represent_scalar("!vault", v.text, style="|"))
+_Dumper.add_representer(Unsafe, lambda d, v: d.represent_scalar("!unsafe", str(v)))
+
+
 def _yaml(data: Any, header: str = "") -> str:
     return header + yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=1000)
 
 
-def inventory_files(path: Path, hosts: Sequence[str], vault: _Vault,
+def inventory_files(source: Path | Inventory, hosts: Sequence[str], vault: _Vault,
                     balancers: Sequence[str] = ()) -> list[ExportFile]:
-    """The user's inventory (and group_vars/, host_vars/ beside it), secrets replaced, plus the export's groups."""
+    """The user's inventory, secrets replaced, plus the export's groups. A YAML inventory file is kept as written
+    (with the group_vars/ and host_vars/ beside it; a file encrypted whole by ansible-vault is copied as it is);
+    any other source (INI, a directory, a script, a plugin, several -i) is written as one YAML inventory of the
+    groups and each host's variables as ansible-inventory gave them."""
+    if isinstance(source, Inventory):
+        return _inventory_of(source, hosts, vault, balancers)
+    path = source
     base = path.resolve().parent
-    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    data = plain(load_yaml(path, str(path))) or {}
     if not isinstance(data, dict):
         raise InventoryError("the inventory is not a YAML mapping", where=str(path))
     redacted = redact(data, vault, base)
-    redacted[GROUP] = {"hosts": dict.fromkeys(hosts, None)}
-    if balancers:
-        redacted[BALANCER_GROUP] = {"hosts": dict.fromkeys(balancers, None)}
-    header = (f"# The inventory {path.name} as exported by ernie-deploy: every secret value is a reference to a\n"
-              f"# vault variable (vault.example.yml); group {GROUP} holds the hosts of the export.\n")
-    files = [ExportFile("inventory.yml", _yaml(redacted, header))]
+    files = [_with_groups(redacted, f"The inventory {path.name}", hosts, balancers)]
     for kind in ("group_vars", "host_vars"):
         folder = base / kind
         if not folder.is_dir():
             continue
         for item in sorted(folder.rglob("*")):
             if item.is_file() and item.suffix in (".yml", ".yaml", ""):
-                content = yaml.safe_load(item.read_text(encoding="utf-8"))
-                files.append(ExportFile(f"{kind}/{item.relative_to(folder)}", _yaml(redact(content, vault, base))))
+                text = item.read_text(encoding="utf-8")
+                files.append(ExportFile(f"{kind}/{item.relative_to(folder)}", text if is_vaulted(text) else
+                                        _yaml(redact(plain(load_yaml(item, str(item))), vault, base))))
     return files
+
+
+def _inventory_of(inventory: Inventory, hosts: Sequence[str], vault: _Vault,
+                  balancers: Sequence[str]) -> list[ExportFile]:
+    tree = inventory.ansible_tree()
+    base = Path(inventory.shown.split(", ")[0]).resolve()
+    base = base if base.is_dir() else base.parent
+    for name, host in inventory.hosts.items():
+        for group in tree.values():
+            if name in group.get("hosts", {}):
+                group["hosts"][name] = redact(dict(host.vars), vault, base) or None
+                break
+    return [_with_groups(tree, f"The inventory {inventory.shown}", hosts, balancers)]
+
+
+def _with_groups(data: dict[str, Any], title: str, hosts: Sequence[str], balancers: Sequence[str]) -> ExportFile:
+    data[GROUP] = {"hosts": dict.fromkeys(hosts, None)}
+    if balancers:
+        data[BALANCER_GROUP] = {"hosts": dict.fromkeys(balancers, None)}
+    header = (f"# {title} as exported by ernie-deploy: every secret value is a reference to a\n"
+              f"# vault variable (vault.example.yml); group {GROUP} holds the hosts of the export.\n")
+    return ExportFile("inventory.yml", _yaml(data, header))
 
 
 def _serial(options: ExportOptions) -> list[SerialItem]:
@@ -333,7 +380,7 @@ BALANCER_STATIC = ("roles/ernie_balancer/defaults/main.yml", "roles/ernie_balanc
                    "roles/ernie_balancer/tasks/main.yml")
 
 
-def export_files(inventory: Path, plans: Sequence[HostPlan], rendered: Mapping[str, list[RenderedFile]],
+def export_files(inventory: Path | Inventory, plans: Sequence[HostPlan], rendered: Mapping[str, list[RenderedFile]],
                  options: ExportOptions, balancers: Sequence[BalancerPlan] = (),
                  configs: Mapping[str, str] | None = None, fronts: Sequence[BalancerPlan] = ()) -> list[ExportFile]:
     """Every file of the export. `rendered` maps each host to its files rendered with host_files (masked).

@@ -26,6 +26,7 @@ class Group:
     children: list[str] = field(default_factory=list)
     parents: list[str] = field(default_factory=list)
     hosts: list[str] = field(default_factory=list)
+    origins: dict[str, str] = field(default_factory=dict)  # variable → file:line of its last definition
 
 
 class GroupBuilder:
@@ -37,6 +38,7 @@ class GroupBuilder:
         self.host_vars: dict[str, dict[str, Any]] = {}  # inventory-file host vars, in creation order
         # host → its direct groups (an ordered set): membership tests stay O(1) on 100k-host inventories.
         self.host_groups: dict[str, dict[str, None]] = {}
+        self.host_files: dict[str, str] = {}  # host → the file that last gave it variables
         self.add_child("all", "ungrouped", where=shown)
 
     @staticmethod
@@ -48,7 +50,10 @@ class GroupBuilder:
     def where(self, mapping: Any, key: Any, path: str) -> str:
         return f"{self.shown}:{self.line(mapping, key)}: {path}"
 
-    def parse_document(self, data: Any) -> None:
+    def parse_document(self, data: Any, file: str | None = None) -> None:
+        """Add one inventory document (`file` names it in messages; one builder reads every source)."""
+        if file is not None:
+            self.shown = file
         if not data:
             return  # an empty file is an empty inventory
         if not isinstance(data, dict):
@@ -123,6 +128,8 @@ class GroupBuilder:
                 self.groups[group].hosts.append(name)
             for var, val in (body or {}).items():
                 self.host_vars[name][self._var_name(var, body, path)] = plain(val)
+            if body:
+                self.host_files[name] = self.shown
 
     def _var_name(self, var: Any, mapping: Any, path: str) -> str:
         if not isinstance(var, str) or not var:
@@ -133,6 +140,7 @@ class GroupBuilder:
     def set_group_var(self, group: str, var: str, value: Any, where: str) -> None:
         if var != "ansible_group_priority":
             self.groups[group].vars[var] = plain(value)
+            self.groups[group].origins[var] = where.rsplit(": ", 1)[0]
             return
         # Ansible stores the priority on the group, not as a variable; None is ignored like it does.
         try:

@@ -1,9 +1,10 @@
-"""YAML for inventories and vars files: Ansible's `!unsafe`, and the line of every key for error messages."""
+"""YAML for inventories and vars files: Ansible's `!unsafe` and `!vault`, files encrypted whole by ansible-vault,
+and the line of every key for error messages."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import date, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -11,10 +12,34 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from ernie_deploy.errors import InventoryError
+from ernie_deploy.inventory.vault import NO_PASSWORD_HINT, is_vaulted
 
 
 class Unsafe(str):
     """A `!unsafe` string. ansible-inventory prints it as {"__ansible_unsafe": text}."""
+
+
+class Vaulted:
+    """A `!vault` value: ansible-vault ciphertext, decrypted only where the value is used (inventory/resolve.py).
+    ansible-inventory prints it as {"__ansible_vault": text}; it is never a string, so it cannot pass for one."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return "Vaulted(...)"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Vaulted) and other.text == self.text
+
+    def __hash__(self) -> int:
+        return hash(self.text)
+
+
+# Decrypts an ansible-vault text: (text, what it is, where it is), the last two for the error when it cannot.
+Decrypt = Callable[[str, str, str], str]
 
 
 class Marked(dict[Any, Any]):
@@ -49,17 +74,30 @@ class Loader(_SafeBase):
         raise yaml.constructor.ConstructorError(
             None, None, "!unsafe is supported on strings only", node.start_mark)
 
+    def _construct_vault(self, node: yaml.Node) -> Any:
+        if isinstance(node, yaml.ScalarNode):
+            return Vaulted(self.construct_scalar(node))
+        raise yaml.constructor.ConstructorError(
+            None, None, "!vault is supported on strings only", node.start_mark)
+
 
 Loader.add_constructor("tag:yaml.org,2002:map", Loader._construct_marked_map)
 Loader.add_constructor("!unsafe", Loader._construct_unsafe)
+Loader.add_constructor("!vault", Loader._construct_vault)
 
 
-def load_yaml(path: Path, shown: str) -> Any:
+def load_yaml(path: Path, shown: str, decrypt: Decrypt | None = None) -> Any:
+    """A YAML file's data; a file encrypted whole by ansible-vault is decrypted first, as Ansible's loader does."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise InventoryError(f"cannot read the file: {exc}", where=shown,
                              hint="check the path and that the file is UTF-8 text") from None
+    if is_vaulted(text):
+        if decrypt is None:
+            raise InventoryError("the file is encrypted with ansible-vault and no vault password was given",
+                                 where=shown, hint=NO_PASSWORD_HINT)
+        text = decrypt(text, "the file", shown)
     try:
         return yaml.load(text, Loader=Loader)  # Loader is a SafeLoader subclass
     except yaml.MarkedYAMLError as exc:
@@ -96,6 +134,8 @@ def to_json(value: Any, *, mark_unsafe: bool = True) -> Any:
     it as a plain string: mark_unsafe=False)."""
     if isinstance(value, Unsafe):
         return {"__ansible_unsafe": str(value)} if mark_unsafe else str(value)
+    if isinstance(value, Vaulted):
+        return {"__ansible_vault": value.text}
     if isinstance(value, dict):
         return {json_key(k): to_json(v, mark_unsafe=mark_unsafe) for k, v in value.items()}
     if isinstance(value, list):

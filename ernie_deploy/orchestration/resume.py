@@ -31,8 +31,9 @@ def state_dir() -> Path:
     return Path(base) / "ernie-deploy" / "rollouts"
 
 
-def key_of(command: str, inventory: Path, limit: str | None, instance: str | None) -> str:
-    text = json.dumps([command, str(inventory.resolve()), limit, instance])
+def key_of(command: str, inventory: str, limit: str | None, instance: str | None) -> str:
+    """`inventory`: the sources, resolved (cli/inventories.Sources.key)."""
+    text = json.dumps([command, inventory, limit, instance])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ernie_deploy.errors import DeployError, InventoryError
+from ernie_deploy.inventory.coerce import coerce
 from ernie_deploy.planning.bulk import collector_paused
 from ernie_deploy.planning.cpubackend import cpu_findings, instance_binds
 from ernie_deploy.planning.findings import Finding, Severity
@@ -94,7 +95,7 @@ def _resolve(layers: list[tuple[str, Mapping[str, Any]]]) -> dict[str, Setting]:
 
 def _gpu(host: HostLike, catalog: Catalog) -> tuple[GpuType, int]:
     model = host.vars.get("gpu_model")
-    count = host.vars.get("gpu_count")
+    count = coerce(host.vars.get("gpu_count"), (int,))
     if not isinstance(model, str) or not model:
         raise InventoryError("gpu_model is not set", where=host.name,
                              hint=f"set gpu_model to one of: {', '.join(catalog.names())}")
@@ -249,7 +250,7 @@ def _discovered_gpu(host: HostLike, catalog: Catalog, found: Discovered) -> tupl
     gpu = known or GpuType(found.gpu_name, (), found.gpu_memory_mib or 0, bool(found.nvlink), "")
     gpu = replace(gpu, memory_mib=found.gpu_memory_mib or gpu.memory_mib,
                   nvlink=gpu.nvlink if found.nvlink is None else found.nvlink)
-    declared_model, declared_count = host.vars.get("gpu_model"), host.vars.get("gpu_count")
+    declared_model, declared_count = host.vars.get("gpu_model"), coerce(host.vars.get("gpu_count"), (int,))
     if isinstance(declared_model, str) and catalog.lookup(declared_model) != known:
         raise DeployError(f"gpu_model: inventory says {declared_model!r}, nvidia-smi found {found.gpu_name!r}",
                           where=host.name, hint=f"set gpu_model: {found.gpu_name} (or fix the host)")

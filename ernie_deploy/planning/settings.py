@@ -15,6 +15,7 @@ from typing import Any
 from ernie_deploy.checks.progress import VARIABLES as PROGRESS_VARIABLES
 from ernie_deploy.checks.progress import thresholds_of
 from ernie_deploy.errors import InventoryError
+from ernie_deploy.inventory.coerce import coerce
 
 
 class Secret:
@@ -156,6 +157,19 @@ BENCH_TYPES: dict[str, SettingType] = {
 }
 # Secrets whose inventory name does not follow the vllm_ prefix.
 SECRET_VARS = {"hf_token": "hf_token"}
+# Every inventory variable that holds a secret: the vllm_* settings marked secret, and hf_token.
+SECRET_INVENTORY_VARS = frozenset({f"vllm_{n}" for types in (SETTING_TYPES, BALANCER_TYPES, BENCH_TYPES)
+                                   for n, t in types.items() if t.secret} | set(SECRET_VARS))
+# Each secret may instead name a file on the controller that holds it (vllm_api_key_file, hf_token_file): the
+# value then lives in no inventory at all (inventory/resolve.py reads it where it is used).
+SECRET_FILE_VARS = {f"{var}_file": var for var in sorted(SECRET_INVENTORY_VARS)}
+
+
+def redacted_secrets(host_vars: Mapping[str, Any]) -> dict[str, Any]:
+    """Raw inventory variables for display: a secret's plain value becomes [REDACTED]; a value that reveals
+    nothing by itself (vault ciphertext, a template such as a lookup) is kept."""
+    return {k: "[REDACTED]" if k in SECRET_INVENTORY_VARS and isinstance(v, str) and "{{" not in v else v
+            for k, v in host_vars.items()}
 DEFAULTS: dict[str, Any] = {
     "pipeline_parallel_size": 1,
     "instances": 1,
@@ -200,6 +214,7 @@ def check_type(name: str, value: Any, where: str, types: Mapping[str, SettingTyp
     """Validate one setting value (of `types`); returns it (secrets wrapped) or raises naming the variable."""
     spec = types[name]
     kinds = spec.kind if isinstance(spec.kind, tuple) else (spec.kind,)
+    value = coerce(value, kinds)
     bad = (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds)
     if not bad and spec.item is not None:
         items = value.values() if isinstance(value, dict) else value

@@ -42,6 +42,7 @@ import paramiko
 from fabric import Config, Connection
 
 from ernie_deploy.errors import DeployError, ExitCode
+from ernie_deploy.inventory.coerce import coerce
 from ernie_deploy.inventory.connection import ConnectionType, connection_of
 from ernie_deploy.remote.command import HOST_TIMEOUT, Command
 from ernie_deploy.remote.hostkeys import HostKeyPolicy
@@ -89,7 +90,8 @@ class Target:
         if connection is ConnectionType.LOCAL:
             return cls(name=name, address=address, connection=connection)
         files = [str(host_vars["ernie_known_hosts"])] if host_vars.get("ernie_known_hosts") else []
-        become = bool(host_vars.get("ansible_become", False)) or (user not in (None, "root"))
+        # An INI inventory gives ansible_become=yes as a string: read it as Ansible's ssh connection does.
+        become = coerce(host_vars.get("ansible_become", False), (bool,)) is True or (user not in (None, "root"))
         return cls(name=name, address=address, port=port, user=user,
                    key_file=host_vars.get("ansible_ssh_private_key_file"),
                    known_hosts=tuple(files) + tuple(extra_known_hosts), become=become,

@@ -297,7 +297,7 @@ def sigterm_while_a10_1_loads(lab: Lab, fleet: Path, env: dict[str, str],
                               argv: list[str]) -> tuple[Path, int, dict[str, Any]]:
     """Run the restart `argv` and SIGTERM it while a10-1's restarted instance loads (its pre-drain hook ran,
     post-ready not yet): the restart's resume state file, its exit code and its JSON."""
-    state = Path(env["ERNIE_DEPLOY_STATE_DIR"]) / f"{resume.key_of('restart', fleet, None, None)}.json"
+    state = Path(env["ERNIE_DEPLOY_STATE_DIR"]) / f"{resume.key_of('restart', str(fleet.resolve()), None, None)}.json"
     state.unlink(missing_ok=True)  # an earlier scenario's stopped restart of the same scope
     before = start_times(lab, "a10-1")
     faults(lab, "a10-1", {"load_seconds": 8})  # a window between its start and its readiness
@@ -343,7 +343,7 @@ def test_ctrl_c_after_the_first_batch_then_resume(lab: Lab, lab_state: LabState,
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     state_dir = Path(env["ERNIE_DEPLOY_STATE_DIR"])
     before = {h.name: start_times(lab, h.name) for h in lab_state.hosts}
-    state = state_dir / f"{resume.key_of('restart', fleet, None, None)}.json"
+    state = state_dir / f"{resume.key_of('restart', str(fleet.resolve()), None, None)}.json"
     state.unlink(missing_ok=True)  # an earlier scenario's stopped restart of the same scope
     argv = [sys.executable, "-m", "ernie_deploy", "restart", "-i", str(fleet), "--serial", "1", "--json"]
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -422,7 +422,8 @@ def test_a_host_that_freezes_mid_rollout_is_unreachable_within_the_host_timeout(
     *_, first, last = lab_state.hosts
     freeze = next(Path(d, "cgroup.freeze") for d in last.cgroups if Path(d, "cgroup.freeze").exists())
     limit = f"{first.name},{last.name}"
-    state = Path(os.environ["ERNIE_DEPLOY_STATE_DIR"]) / f"{resume.key_of('restart', fleet, limit, None)}.json"
+    key = resume.key_of("restart", str(fleet.resolve()), limit, None)
+    state = Path(os.environ["ERNIE_DEPLOY_STATE_DIR"]) / f"{key}.json"
     before = start_times(lab, first.name)
     hook_text = f'if [ "$ERNIE_HOST" = {last.name} ]; then echo 1 > {freeze}; fi'
     started = time.monotonic()
