@@ -348,3 +348,22 @@ def test_ini_strings_are_typed_as_ansible_modules_type_them(tmp_path: Path,
     bad.write_text("[a10]\nh1\n[a10:vars]\ngpu_model=NVIDIA A10\ngpu_count=1\nvllm_allow_fallback=maybe\n")
     assert main(["plan", "-i", str(bad)]) == 1
     assert "vllm_allow_fallback must be bool, got str 'maybe'" in capsys.readouterr().out
+
+
+def test_extra_vars_win_over_a_plays_vars_which_win_over_the_inventory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from fakehost import FakeHost, connector
+
+    import ernie_deploy.cli.run as cli_run
+    fakes = {"a": FakeHost(), "b": FakeHost()}
+    monkeypatch.setattr(cli_run, "connector", lambda args: connector(fakes))
+    inv = tmp_path / "inv.yml"
+    inv.write_text("all:\n  vars: {gpu_model: NVIDIA A10, gpu_count: 2, ansible_host: 127.0.0.1, vllm_port: 8001,\n"
+                   "         vllm_stable_seconds: 0, vllm_served_model_name: '{{ inventory_hostname }}-inv'}\n"
+                   "  hosts: {a: {}, b: {}}\n")
+    book = tmp_path / "site.yml"
+    book.write_text("- hosts: all\n  vars: {vllm_port: 8010, vllm_served_model_name: '{{ inventory_hostname }}-play'}\n"
+                    "  tasks:\n    - converge: {}\n")
+    assert main(["run", str(book), "-i", str(inv), "-e", "vllm_port=8020"]) == 0, capsys.readouterr().out
+    unit = fakes["b"].files["/etc/systemd/system/ernie-vllm-0.service"]
+    assert "--port 8020" in unit and "--served-model-name b-play" in unit

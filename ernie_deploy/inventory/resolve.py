@@ -62,7 +62,16 @@ class HostVars(Mapping[str, Any]):
 
     def __init__(self, host: Host, inventory: Inventory, resolution: Resolution,
                  groups: Mapping[str, list[str]]) -> None:
+        self._source = host
         self._host = host.name
+        self._inventory = inventory
+        self._groups = groups
+        self.resolution = resolution
+        self.magic = {"inventory_hostname": host.name, "inventory_hostname_short": host.name.split(".")[0],
+                      "group_names": list(host.groups), "groups": groups}
+        self._done: dict[str, Any] = {}
+        self._active: set[str] = set()
+        self._lock = threading.RLock()
         self._raw = {**host.vars, **resolution.extra_vars}
         self._renamed: dict[str, str] = {}
         for file_var, var in resolution.file_vars.items():
@@ -72,13 +81,11 @@ class HostVars(Mapping[str, Any]):
                     raise self.error(var, f"both {var} and {file_var} are set",
                                      f"keep one: {file_var} names a file holding the value")
                 self._raw[var] = _FromFile(self._raw.pop(file_var))
-        self._inventory = inventory
-        self.resolution = resolution
-        self.magic = {"inventory_hostname": host.name, "inventory_hostname_short": host.name.split(".")[0],
-                       "group_names": list(host.groups), "groups": groups}
-        self._done: dict[str, Any] = {}
-        self._active: set[str] = set()
-        self._lock = threading.RLock()
+
+    def overlaid(self, variables: Mapping[str, Any]) -> HostVars:
+        """These variables over the inventory's and under the extra variables (a play's `vars`)."""
+        host = Host(self._host, {**self._source.vars, **variables}, self._source.groups)
+        return HostVars(host, self._inventory, self.resolution, self._groups)
 
     def __getitem__(self, key: str) -> Any:
         with self._lock:
@@ -159,3 +166,9 @@ def read_controller_file(host: HostVars, key: str, term: Any, options: Mapping[s
     return text
 
 
+def with_vars(variables: Mapping[str, Any], overlay: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`overlay` over a host's variables, under its extra variables when it has any (a play's `vars`: Ansible
+    ranks them above the inventory and below -e)."""
+    if isinstance(variables, HostVars):
+        return variables.overlaid(overlay)
+    return {**variables, **overlay}

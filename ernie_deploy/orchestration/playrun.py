@@ -36,6 +36,7 @@ from pathlib import Path
 from ernie_deploy.checks.expectations import Expectations
 from ernie_deploy.errors import DeployError
 from ernie_deploy.inventory.inventory import Host, Inventory
+from ernie_deploy.inventory.resolve import with_vars
 from ernie_deploy.orchestration import audit, hooks
 from ernie_deploy.orchestration.balancers import BalancerControl, Balancers
 from ernie_deploy.orchestration.bench import OK, BenchRunner, SloGate, measured
@@ -163,8 +164,9 @@ class PlaybookRunner:
 
     @staticmethod
     def _with_vars(host: Host, play: Play) -> Host:
-        # Play vars override the inventory's, as in Ansible (play vars rank above inventory host_vars).
-        return dataclasses.replace(host, vars={**host.vars, **play.vars}) if play.vars else host
+        # Play vars override the inventory's and yield to -e, as in Ansible (play vars rank above inventory
+        # host_vars, extra vars above everything).
+        return dataclasses.replace(host, vars=with_vars(host.vars, play.vars)) if play.vars else host
 
     def _task(self, play: Play, task: Task, hosts: list[Host], record: TaskRun) -> None:
         if self.options.check and not ACTIONS[task.action].runs_in_check:

@@ -82,3 +82,14 @@ def inventory(state: LabState, directory: Path, name: str = "inventory.yml", *, 
     path = directory / name
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
+
+
+CLEAN = ("for u in $(systemctl list-units --all --plain --no-legend 'ernie-vllm-*' | awk '{print $1}'); do "
+         "systemctl disable --now -q $u; systemctl reset-failed $u; done 2>/dev/null; "
+         "rm -rf /etc/systemd/system/ernie-vllm-* /etc/ernie-deploy /var/lib/ernie-deploy /var/log/ernie-deploy; "
+         "systemctl daemon-reload")
+
+
+def clean(lab: Lab, state: LabState) -> None:
+    for h in state.hosts:
+        lab.ssh(h.name, CLEAN)

@@ -21,22 +21,11 @@ from ernie_deploy.lab import Lab, LabState
 from ernie_deploy.planning.render import environment_for_templates, render_host, templates_dir
 from ernie_deploy.remote import converge
 from ernie_deploy.remote.ssh import Target, connect
-from lab.labhelpers import wait_for
+from lab.labhelpers import CLEAN, clean, wait_for
 
 pytestmark = pytest.mark.lab
 
 UNITS_GLOB = "/etc/systemd/system/ernie-vllm-*.service /etc/ernie-deploy/ernie-vllm-*.env"
-CLEAN = ("for u in $(systemctl list-units --all --plain --no-legend 'ernie-vllm-*' | awk '{print $1}'); do "
-         "systemctl disable --now -q $u; systemctl reset-failed $u; done 2>/dev/null; "
-         "rm -rf /etc/systemd/system/ernie-vllm-* /etc/ernie-deploy /var/lib/ernie-deploy /var/log/ernie-deploy; "
-         "systemctl daemon-reload")
-
-
-def clean(lab: Lab, state: LabState) -> None:
-    for h in state.hosts:
-        lab.ssh(h.name, CLEAN)
-
-
 @pytest.fixture(scope="module")
 def deployed(lab: Lab, lab_state: LabState) -> Iterator[LabState]:
     """The lab with every host cleaned before and after this module (other lab tests need free GPUs)."""
