@@ -40,6 +40,9 @@ class Resolution:
     file_vars: Mapping[str, str] = field(default_factory=dict)
 
 
+_UNSET = object()
+
+
 class _FromFile:
     """The value of VAR read from the controller file VAR_file names (the path may be a template itself)."""
 
@@ -88,6 +91,9 @@ class HostVars(Mapping[str, Any]):
         return HostVars(host, self._inventory, self.resolution, self._groups)
 
     def __getitem__(self, key: str) -> Any:
+        done = self._done.get(key, _UNSET)  # resolved already: no lock (a dict read is atomic)
+        if done is not _UNSET:
+            return done
         with self._lock:
             if key in self._done:
                 return self._done[key]
