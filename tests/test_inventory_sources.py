@@ -367,3 +367,19 @@ def test_extra_vars_win_over_a_plays_vars_which_win_over_the_inventory(
     assert main(["run", str(book), "-i", str(inv), "-e", "vllm_port=8020"]) == 0, capsys.readouterr().out
     unit = fakes["b"].files["/etc/systemd/system/ernie-vllm-0.service"]
     assert "--port 8020" in unit and "--served-model-name b-play" in unit
+
+
+@pytest.mark.parametrize("form", ["ini", "dir", "script"])
+def test_the_export_of_any_form_is_an_inventory_ansible_reads_with_no_secret_in_it(
+        form: str, forms: dict[str, list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["export", "ansible", *forms[form], "-o", str(tmp_path / "x")]) == 0, capsys.readouterr().err
+    exported = tmp_path / "x" / "inventory.yml"
+    assert API_KEY not in exported.read_text()
+    listed = subprocess.run([str(inventories.ansible_inventory()), "-i", str(exported), "--list"],
+                            capture_output=True, text=True, timeout=120, check=True)
+    hostvars = json.loads(listed.stdout)["_meta"]["hostvars"]
+    assert sorted(hostvars) == ["gpu-a10-01", "gpu-a10-02", "gpu-a100-01"]
+    assert hostvars["gpu-a10-02"]["gpu_count"] == 2 and hostvars["gpu-a10-02"]["vllm_port"] == 8001
+    assert hostvars["gpu-a10-02"]["vllm_api_key"] == "{{ vault_vllm_api_key }}"
+    assert hostvars["gpu-a10-02"]["hf_token"] == "{{ lookup('env', 'ESTATE_HF_TOKEN') }}"
+    assert "vault_vllm_api_key: CHANGE_ME" in (tmp_path / "x" / "vault.example.yml").read_text()
