@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from estate import FORMS, write_forms
+from vaulthelp import encrypt
 
 from ernie_deploy.cli import inventories
 from ernie_deploy.cli.main import main
@@ -383,3 +384,35 @@ def test_the_export_of_any_form_is_an_inventory_ansible_reads_with_no_secret_in_
     assert hostvars["gpu-a10-02"]["vllm_api_key"] == "{{ vault_vllm_api_key }}"
     assert hostvars["gpu-a10-02"]["hf_token"] == "{{ lookup('env', 'ESTATE_HF_TOKEN') }}"
     assert "vault_vllm_api_key: CHANGE_ME" in (tmp_path / "x" / "vault.example.yml").read_text()
+
+
+def test_an_unused_vaulted_variable_needs_no_password_and_a_prompt_asks_once(
+        forms: dict[str, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """As in Ansible, a value is decrypted where it is used: a vaulted become password ernie-deploy never reads
+    needs no vault password; and a prompt for one is asked once per command, though export reads twice."""
+    path = tmp_path / "inventory.yml"
+    secret = encrypt(b"become-pass", PASSWORD.encode()).replace("\n", "\n        ")
+    path.write_text("a10:\n  hosts:\n    h1:\n      gpu_model: NVIDIA A10\n      gpu_count: 1\n"
+                    f"      ansible_become_password: !vault |\n        {secret}\n")
+    assert main(["plan", "-i", str(path)]) == 0, capsys.readouterr().out
+    from ernie_deploy.cli import vaultpass
+    asked: list[str] = []
+    real = vaultpass.vault_secrets
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        return real(*args, **{**kwargs, "prompt": lambda text: asked.append(text) or PASSWORD})
+
+    monkeypatch.setattr(vaultpass, "vault_secrets", counted)
+    assert main(["export", "ansible", "-i", forms["ini"][1], "--ask-vault-pass", "-o", str(tmp_path / "x")]) == 0
+    assert asked == ["Vault password: "]
+
+
+def test_a_secret_from_an_unset_environment_variable_is_an_error_not_an_open_server(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = inventory_with(tmp_path, "vllm_api_key: \"{{ lookup('env', 'NOT_SET_ANYWHERE') }}\"\n"
+                                    "hf_token: \"{{ lookup('env', 'NOT_SET_EITHER') }}\"")
+    assert main(["plan", "-i", str(path), "--json"]) == 1
+    (host,) = json.loads(capsys.readouterr().out)["hosts"]
+    errors = {f["message"]: f["fix"] for f in host["findings"] if f["severity"] == "error"}
+    assert "vllm_api_key is empty" in errors and "environment variable" in errors["vllm_api_key is empty"]

@@ -220,6 +220,11 @@ class _Vault:
 
 
 def _decrypter(args: argparse.Namespace) -> _Vault | None:
-    from ernie_deploy.cli.vaultpass import vault_secrets
-    secrets = vault_secrets(args.vault_password_file, args.vault_id, args.ask_vault_pass, os.environ)
-    return _Vault(secrets) if secrets else None
+    """The run's vault passwords, read once however often the inventory is (export reads it twice): a prompt
+    asks once."""
+    if not hasattr(args, "vault_read"):
+        from ernie_deploy.cli.vaultpass import vault_secrets
+        secrets = vault_secrets(args.vault_password_file, args.vault_id, args.ask_vault_pass, os.environ)
+        args.vault_read = _Vault(secrets) if secrets else None
+    vault: _Vault | None = args.vault_read
+    return vault

@@ -142,7 +142,7 @@ def balancer_settings(host: HostLike, base_dir: Path | None = None) -> dict[str,
     where = host.name
     problems: list[InventoryError] = []
     found: dict[str, Any] = {}
-    for var, value in host.vars.items():
+    for var in host.vars:  # a value is read only where checked (reading may decrypt it: inventory/resolve.py)
         name = var.removeprefix("vllm_")
         if not var.startswith("vllm_balancer_") or name == "balancer_weight":
             continue  # vLLM hosts' variables reach a balancer through group_vars/all: not its business
@@ -152,7 +152,7 @@ def balancer_settings(host: HostLike, base_dir: Path | None = None) -> dict[str,
                                            hint=f"did you mean {close[0]}?" if close else "see docs/balancer.md"))
             continue
         try:
-            found[name] = check_type(name, value, where, BALANCER_TYPES)
+            found[name] = check_type(name, host.vars[var], where, BALANCER_TYPES)
         except InventoryError as exc:
             problems.append(exc)
     raise_all(problems, where)

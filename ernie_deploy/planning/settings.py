@@ -165,6 +165,11 @@ SECRET_INVENTORY_VARS = frozenset({f"vllm_{n}" for types in (SETTING_TYPES, BALA
 SECRET_FILE_VARS = {f"{var}_file": var for var in sorted(SECRET_INVENTORY_VARS)}
 
 
+# lookup('env', NAME) of an unset variable is '' in Ansible: an empty secret is that mistake far more often than
+# a wish (an empty vllm_api_key would serve with no key at all).
+EMPTY_SECRET_HINT = "give the secret a value: is the environment variable or file it is looked up from set?"
+
+
 def redacted_secrets(host_vars: Mapping[str, Any]) -> dict[str, Any]:
     """Raw inventory variables for display: a secret's plain value becomes [REDACTED]; a value that reveals
     nothing by itself (vault ciphertext, a template such as a lookup) is kept."""
@@ -227,6 +232,8 @@ def check_type(name: str, value: Any, where: str, types: Mapping[str, SettingTyp
         shown = "[REDACTED]" if spec.secret else repr(value)
         raise InventoryError(f"vllm_{name} must be {wanted}, got {type(value).__name__} {shown}", where=where,
                              hint=spec.hint)
+    if spec.secret and isinstance(value, str) and not value.strip():
+        raise InventoryError(f"vllm_{name} is empty", where=where, hint=EMPTY_SECRET_HINT)
     if spec.bounds is not None and not spec.bounds.holds(value):
         raise InventoryError(f"vllm_{name} must be {spec.bounds.describe()}, got {value!r}", where=where,
                              hint=f"set vllm_{name} {spec.bounds.fix}")
@@ -262,7 +269,9 @@ def inventory_settings(host_vars: Mapping[str, Any], where: str) -> dict[str, An
     found: dict[str, Any] = {}
     problems: list[InventoryError] = []
     known = [f"vllm_{n}" for n in (*SETTING_TYPES, *BALANCER_TYPES, *BENCH_TYPES)] + list(PROGRESS_VARIABLES)
-    for var, value in host_vars.items():
+    # Keys first, each value only where it is checked: reading a value may decrypt or render it (inventory/
+    # resolve.py), and a variable ernie-deploy does not read (a vaulted become password) must not need that.
+    for var in host_vars:
         if var in PROGRESS_VARIABLES:
             continue  # checked together below: the watchdog's thresholds (checks/progress.py)
         if not var.startswith("vllm_"):
@@ -276,7 +285,7 @@ def inventory_settings(host_vars: Mapping[str, Any], where: str) -> dict[str, An
             continue
         if name in BENCH_TYPES:
             try:
-                found[name] = check_type(name, value, where, BENCH_TYPES)
+                found[name] = check_type(name, host_vars[var], where, BENCH_TYPES)
             except InventoryError as exc:
                 problems.append(exc)
             continue
@@ -286,7 +295,7 @@ def inventory_settings(host_vars: Mapping[str, Any], where: str) -> dict[str, An
                                            hint=f"did you mean {close[0]}?" if close else "see docs/variables.md"))
             continue
         try:
-            found[name] = check_type(name, value, where)
+            found[name] = check_type(name, host_vars[var], where)
         except InventoryError as exc:
             problems.append(exc)
     try:
@@ -304,5 +313,7 @@ def host_secrets(host_vars: Mapping[str, Any], where: str) -> dict[str, Secret]:
     if token is not None:
         if not isinstance(token, str):
             raise InventoryError("hf_token must be a string", where=where)
+        if not token.strip():
+            raise InventoryError("hf_token is empty", where=where, hint=EMPTY_SECRET_HINT)
         secrets["HF_TOKEN"] = Secret(token)
     return secrets

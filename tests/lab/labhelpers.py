@@ -3,8 +3,9 @@ lab's inventory with or without its balancer group."""
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -93,3 +94,14 @@ CLEAN = ("for u in $(systemctl list-units --all --plain --no-legend 'ernie-vllm-
 def clean(lab: Lab, state: LabState) -> None:
     for h in state.hosts:
         lab.ssh(h.name, CLEAN)
+
+
+@contextlib.contextmanager
+def cleaned(lab: Lab, state: LabState) -> Iterator[LabState]:
+    """The lab with every host cleaned before and after (other lab tests need free GPUs, and no unit of this
+    one's, such as one that requires an API key, may outlive it)."""
+    clean(lab, state)
+    try:
+        yield state
+    finally:
+        clean(lab, state)

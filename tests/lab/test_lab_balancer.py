@@ -25,9 +25,9 @@ import yaml
 from ernie_deploy.cli.main import main
 from ernie_deploy.lab import Lab, LabState
 from lab.haproxy import LabBalancer, StateSampler, drained_then_ready
-from lab.labhelpers import inventory, wait_for
+from lab.labhelpers import clean, inventory, wait_for
 from lab.loadgen import LoadBalancer, Outcome, complete, through
-from lab.test_lab_deploy import clean, start_times
+from lab.test_lab_deploy import start_times
 from lab.test_lab_rollout import QUICK, faults, run
 
 pytestmark = pytest.mark.lab

@@ -18,9 +18,9 @@ import yaml
 
 from ernie_deploy.cli.main import main
 from ernie_deploy.lab import Lab, LabState
-from lab.labhelpers import wait_for
+from lab.labhelpers import clean, wait_for
 from lab.loadgen import healthy
-from lab.test_lab_deploy import clean, start_times
+from lab.test_lab_deploy import start_times
 from lab.test_lab_rollout import QUICK, faults
 
 pytestmark = pytest.mark.lab

@@ -21,19 +21,17 @@ from ernie_deploy.lab import Lab, LabState
 from ernie_deploy.planning.render import environment_for_templates, render_host, templates_dir
 from ernie_deploy.remote import converge
 from ernie_deploy.remote.ssh import Target, connect
-from lab.labhelpers import CLEAN, clean, wait_for
+from lab.labhelpers import CLEAN, cleaned, wait_for
 
 pytestmark = pytest.mark.lab
 
 UNITS_GLOB = "/etc/systemd/system/ernie-vllm-*.service /etc/ernie-deploy/ernie-vllm-*.env"
+
+
 @pytest.fixture(scope="module")
 def deployed(lab: Lab, lab_state: LabState) -> Iterator[LabState]:
-    """The lab with every host cleaned before and after this module (other lab tests need free GPUs)."""
-    clean(lab, lab_state)
-    try:
+    with cleaned(lab, lab_state):
         yield lab_state
-    finally:
-        clean(lab, lab_state)
 
 
 def write_inventory(state: LabState, tmp: Path, **host_vars: dict[str, Any]) -> Path:

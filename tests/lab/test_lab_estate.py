@@ -18,7 +18,7 @@ from estate import FORMS, write_forms
 
 from ernie_deploy.cli.main import main
 from ernie_deploy.lab import Lab, LabState
-from lab.labhelpers import clean
+from lab.labhelpers import cleaned
 
 pytestmark = pytest.mark.lab
 
@@ -29,13 +29,9 @@ PASSWORD = "lab-estate-vault"
 
 
 @pytest.fixture(scope="module")
-def cleaned(lab: Lab, lab_state: LabState) -> Iterator[LabState]:
-    """Every host cleaned before and after (the API key must not outlive this module)."""
-    clean(lab, lab_state)
-    try:
+def estate_lab(lab: Lab, lab_state: LabState) -> Iterator[LabState]:
+    with cleaned(lab, lab_state):
         yield lab_state
-    finally:
-        clean(lab, lab_state)
 
 
 def run(capsys: pytest.CaptureFixture[str], command: str, args: list[str], *more: str) -> tuple[int, str, Any]:
@@ -46,11 +42,11 @@ def run(capsys: pytest.CaptureFixture[str], command: str, args: list[str], *more
 
 
 def test_every_form_of_the_estate_deploys_the_same_and_its_secrets_stay_in_the_env_file(
-        lab: Lab, cleaned: LabState, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        lab: Lab, estate_lab: LabState, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("LAB_HF_TOKEN", HF_TOKEN)
     monkeypatch.setenv("ERNIE_DEPLOY_STATE_DIR", str(tmp_path / "state"))
-    data = yaml.safe_load(Path(cleaned.inventory).read_text())
+    data = yaml.safe_load(Path(estate_lab.inventory).read_text())
     fleet = {"all": {"vars": {"hf_token": "{{ lookup('env', 'LAB_HF_TOKEN') }}"},
                      "children": {"lab": data["all"]["children"]["lab"]}}}
     forms = write_forms(tmp_path / "estate", fleet, {"lab": {"vllm_api_key": API_KEY}}, PASSWORD)

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from ernie_deploy.lab import Lab, LabState
-from lab.test_lab_deploy import CLEAN
+from lab.labhelpers import CLEAN
 
 pytestmark = pytest.mark.lab
 

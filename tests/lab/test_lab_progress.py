@@ -27,8 +27,9 @@ import yaml
 
 from ernie_deploy.cli.main import main
 from ernie_deploy.lab import Lab, LabState
+from lab.labhelpers import clean
 from lab.loadgen import LoadBalancer, Sampler
-from lab.test_lab_deploy import clean, start_times
+from lab.test_lab_deploy import start_times
 
 pytestmark = pytest.mark.lab
 

@@ -25,8 +25,8 @@ from ernie_deploy.checks.progress import Thresholds
 from ernie_deploy.cli.main import main
 from ernie_deploy.export import prometheus as pack
 from ernie_deploy.lab import Lab, LabState
-from lab.labhelpers import wait_for
-from lab.test_lab_deploy import clean, write_inventory
+from lab.labhelpers import clean, wait_for
+from lab.test_lab_deploy import write_inventory
 
 pytestmark = pytest.mark.lab
 

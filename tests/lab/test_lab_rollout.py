@@ -25,9 +25,9 @@ from ernie_deploy.cli.main import main
 from ernie_deploy.lab import Lab, LabState
 from ernie_deploy.orchestration import resume
 from lab.haproxy import HAProxy, hook_script, running
-from lab.labhelpers import Units, wait_for
+from lab.labhelpers import CLEAN, Units, clean, wait_for
 from lab.loadgen import LoadBalancer, Sampler, complete, healthy, hook
-from lab.test_lab_deploy import CLEAN, clean, start_times
+from lab.test_lab_deploy import start_times
 
 pytestmark = pytest.mark.lab
 

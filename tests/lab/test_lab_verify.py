@@ -13,8 +13,8 @@ import pytest
 
 from ernie_deploy.cli.main import main
 from ernie_deploy.lab import Lab, LabState
-from lab.labhelpers import Units, wait_for
-from lab.test_lab_deploy import clean, write_inventory
+from lab.labhelpers import Units, clean, wait_for
+from lab.test_lab_deploy import write_inventory
 
 pytestmark = pytest.mark.lab
 
