@@ -119,7 +119,7 @@ def test_plan_errors_write_nothing(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "gpu-a10-05.dc1" in capsys.readouterr().err
 
 
-def test_refuses_a_directory_that_is_not_an_export_and_replaces_an_earlier_export(tmp_path: Path) -> None:
+def test_refuses_a_directory_that_is_not_an_export_and_re_exports_only_its_own_files(tmp_path: Path) -> None:
     mine = tmp_path / "notes"
     mine.mkdir()
     (mine / "todo.txt").write_text("keep me")
@@ -127,11 +127,12 @@ def test_refuses_a_directory_that_is_not_an_export_and_replaces_an_earlier_expor
     assert (mine / "todo.txt").read_text() == "keep me" and len(list(mine.iterdir())) == 1
     out = tmp_path / "x"
     assert main(["export", "ansible", "-i", str(EXAMPLE), "-o", str(out), "--limit", GOOD]) == 0
-    (out / "stale.yml").write_text("from an older export")
+    (out / "mine.yml").write_text("the user's, not the export's")
     assert main(["export", "ansible", "-i", str(EXAMPLE), "-o", str(out), "--limit", "gpu-a10-01.dc1"]) == 0
-    assert not (out / "stale.yml").exists()
+    assert (out / "mine.yml").read_text() == "the user's, not the export's"
+    # The hosts the first export had and this one has not: their files are gone (the manifest listed them).
     assert sorted(p.name for p in (out / "roles/ernie_vllm/files/hosts").iterdir()) == ["gpu-a10-01.dc1"]
-    assert not list(tmp_path.glob(".x*"))
+    assert not list(tmp_path.glob(".x*")) and not list(out.rglob(".*.tmp*"))
 
 
 def test_json_lists_what_was_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -302,3 +302,24 @@ def test_each_instance_gets_its_own_binding_and_unset_ones_render_nothing(plan_o
     assert all("Environment=VLLM_CPU_KVCACHE_SPACE=2" in u.content for u in units)
     (plain, _) = render_host(plan_one(**A10), ENV)
     assert "VLLM_CPU_" not in plain.content
+
+
+@pytest.mark.parametrize("command", ["render", "export", "deploy"])
+def test_a_broken_user_template_is_one_error_with_file_and_line_and_exit_5(
+        tmp_path: Path, command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Not a traceback: the template is compiled before any host is planned, rendered or contacted."""
+    from ernie_deploy.cli.main import main
+    for name in ("vllm.service.j2", "vllm.env.j2"):
+        shutil.copy(templates_dir() / name, tmp_path / name)
+    broken = tmp_path / "vllm.service.j2"
+    lines = broken.read_text().splitlines()
+    broken.write_text("\n".join([*lines[:3], "{{ 1 + }}", *lines[3:]]) + "\n")
+    inv = tmp_path / "inv.yml"
+    inv.write_text("a:\n  hosts:\n    h1: {ansible_host: 127.0.0.1, gpu_model: NVIDIA A10, gpu_count: 1}\n")
+    argv = {"render": ["render", "-o", str(tmp_path / "out")], "export": ["export", "ansible", "-o",
+                                                                          str(tmp_path / "x")],
+            "deploy": ["deploy"]}[command]
+    assert main([*argv, "-i", str(inv), "--templates", str(tmp_path)]) == 5
+    err = capsys.readouterr().err
+    assert f"{broken}:4" in err and "template syntax error" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "x").exists()

@@ -8,7 +8,6 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ernie_deploy.cli.files import swap_in
 from ernie_deploy.errors import DeployError, ExitCode
 from ernie_deploy.output.schemas import EXPORT_SCHEMA
 
@@ -61,7 +60,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from ernie_deploy.planning.balancer import plan_balancers, render_balancer, split_hosts
     from ernie_deploy.planning.batches import parse_percentage, parse_serial
     from ernie_deploy.planning.plan import HostLike, PlanContext, plan_hosts
-    from ernie_deploy.planning.render import environment_for_templates, render_host, templates_dir
+    from ernie_deploy.planning.render import render_host, unit_environment
     if args.target == "prometheus":
         return cmd_export_prometheus(args)
     if args.canary < 0:
@@ -88,13 +87,13 @@ def cmd_export(args: argparse.Namespace) -> int:
     fronted = plan_hosts(list[HostLike](every_vllm), ctx) if every_balancer else []
     fronts = plan_balancers(every_balancer, fronted, base_dir)
     balancers = [b for b in fronts if b.host in chosen]
-    env = environment_for_templates(templates_dir(args.templates))
+    env = unit_environment(args.templates)
     rendered = {p.name: host_files(p, partial(render_host, env=env)) for p in plans}
     configs = {b.host: render_balancer(masked_balancer(b)) for b in balancers}
     files = export_files(_inventory_source(args), plans, rendered, options, balancers, configs, fronts)
-    write_tree(args.output, files)
+    written = write_tree(args.output, "ansible", files)
     hosts = [p.name for p in plans] + [h.name for h in chosen_balancers]
-    show_export(args.output, hosts, [f.path for f in files], json=args.json)
+    show_export(args.output, hosts, written, json=args.json)
     return ExitCode.OK
 
 
@@ -117,7 +116,7 @@ def cmd_export_prometheus(args: argparse.Namespace) -> int:
     from ernie_deploy.output.export import say_plan_errors, show_export
     from ernie_deploy.planning.balancer import split_hosts
     from ernie_deploy.planning.plan import HostLike, PlanContext, plan_hosts
-    from ernie_deploy.planning.render import environment_for_templates, render_host, templates_dir
+    from ernie_deploy.planning.render import render_host, unit_environment
     inventory = load(args)
     ctx = PlanContext.load(args.table, base_dir=args.inventory.base_dir)
     selected, _ = split_hosts(inventory.select(args.limit))
@@ -129,21 +128,55 @@ def cmd_export_prometheus(args: argparse.Namespace) -> int:
     if bad:
         say_plan_errors(bad)
         return ExitCode.PLAN_ERRORS
-    env = environment_for_templates(templates_dir(args.templates))
+    env = unit_environment(args.templates)
     # The release label is the hash part of the id a deploy of these files records; the files are hashed, never
     # written, so the secrets they hold stay here.
     releases = {p.name: release_digest(render_host(p, env)) for p in plans}
     files = export_files(plans, releases, thresholds, args.scrape_interval)
-    write_tree(args.output, files)
-    show_export(args.output, [p.name for p in plans], [f.path for f in files], json=args.json,
+    written = write_tree(args.output, "prometheus", files)
+    show_export(args.output, [p.name for p in plans], written, json=args.json,
                 next_step=f"next: prometheus --config.file={args.output}/prometheus.yml (see docs/observability.md)")
     return ExitCode.OK
 
 
-def write_tree(target: Path, files: list[ExportFile]) -> None:
-    """The export, written whole; a directory that holds something else is never replaced."""
-    from ernie_deploy.export.ansible import MARKER
+def write_tree(target: Path, kind: str, files: list[ExportFile]) -> list[str]:
+    """Write an export into `target`: each file whole (a temporary file renamed over it), the files this
+    exporter wrote last time and no longer writes removed, everything else left alone (export/manifest.py).
+    Returns the paths written, the manifest last."""
+    import os
+    import tempfile
 
-    if target.exists() and (not target.is_dir() or (any(target.iterdir()) and not (target / MARKER).exists())):
-        raise DeployError(f"{target} exists and is not an earlier export", hint="name a new or empty directory")
-    swap_in(target, [(f.path, f.content, f.mode) for f in files])
+    from ernie_deploy.export.manifest import MANIFEST, Manifest, parse
+    if target.exists() and not target.is_dir():
+        raise DeployError(f"{target} exists and is not a directory", hint="name a new or empty directory")
+    manifest = Manifest()
+    if target.is_dir() and any(target.iterdir()):
+        found = parse((target / MANIFEST).read_text(encoding="utf-8")) if (target / MANIFEST).is_file() else None
+        if found is None:
+            raise DeployError(f"{target} holds files and is not an earlier export (it has no {MANIFEST})",
+                              hint="name a new or empty directory; an export leaves files it did not write alone "
+                                   "only in a directory it made")
+        manifest = found
+    written = [f.path for f in files]
+    for f in files:
+        dest = target / f.path
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
+        try:
+            os.fchmod(fd, f.mode)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(f.content)
+            os.replace(tmp, dest)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    for rel in manifest.stale(kind, written):
+        stale = target / rel
+        if stale.is_file() or stale.is_symlink():
+            stale.unlink()
+        for parent in stale.parents:  # directories the export made and emptied
+            if parent == target or not parent.is_relative_to(target) or any(parent.iterdir()):
+                break
+            parent.rmdir()
+    (target / MANIFEST).write_text(manifest.with_files(kind, written).to_text(), encoding="utf-8")
+    return [*written, MANIFEST]

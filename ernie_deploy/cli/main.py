@@ -171,9 +171,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_render(args: argparse.Namespace) -> int:
     from ernie_deploy.output.report import show_render
     from ernie_deploy.planning.balancer import render_balancer
-    from ernie_deploy.planning.render import environment_for_templates, render_hosts, templates_dir
+    from ernie_deploy.planning.render import render_hosts, unit_environment
     plans, balancers, failed_balancers = _plans(args)
-    env = environment_for_templates(templates_dir(args.templates))
+    env = unit_environment(args.templates)
     rendered, failed = render_hosts(plans, env)
     args.output.mkdir(parents=True, exist_ok=True)
     written = []

@@ -45,7 +45,6 @@ GROUP = "ernie_export"  # the hosts of the export, added to the inventory: the p
 BALANCER_GROUP = "ernie_balancers"  # the balancer hosts of the export (group vllm_balancers, as --limit kept them)
 # HAProxy's default-server `rise`: checks a server passes before it is UP (templates/haproxy.cfg.j2).
 RISE = 2
-MARKER = ".ernie-export"  # names a directory as an export, so a re-export may replace it
 SECRET_KEYS = SECRET_INVENTORY_VARS
 # The env file's variable → the inventory variable its value comes from.
 ENV_SECRET_VAR = {"VLLM_API_KEY": "vllm_api_key", "HF_TOKEN": "hf_token"}
@@ -411,5 +410,4 @@ def export_files(inventory: Path | Inventory, plans: Sequence[HostPlan], rendere
                "#   ansible-vault create vault.yml     (then: ansible-playbook site.yml -e @vault.yml "
                "--ask-vault-pass)\n# or inject them as extra variables from an AWX credential (docs/ansible.md).\n")
     files.append(ExportFile("vault.example.yml", example + "".join(f"{n}: CHANGE_ME\n" for n in names)))
-    files.append(ExportFile(MARKER, "written by ernie-deploy export ansible; a re-export replaces this directory\n"))
     return files

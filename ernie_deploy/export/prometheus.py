@@ -32,7 +32,7 @@ import yaml
 
 from ernie_deploy.checks.progress import Thresholds
 from ernie_deploy.errors import ConfigError, InventoryError
-from ernie_deploy.export.ansible import MARKER, ExportFile
+from ernie_deploy.export.ansible import ExportFile
 from ernie_deploy.planning.plantypes import HostPlan, InstancePlan
 from ernie_deploy.planning.render import RenderedFile
 from ernie_deploy.planning.versions import parse_version
@@ -362,6 +362,5 @@ def export_files(plans: Sequence[HostPlan], releases: Mapping[str, str], thresho
         ExportFile(TARGETS, json.dumps(targets(plans, releases), indent=2) + "\n"),
         ExportFile(RULES, _yaml(rule_doc, header)),
         *(ExportFile(f"grafana/vllm-{v}.json", json.dumps(doc, indent=2) + "\n") for v, doc in dashboards.items()),
-        ExportFile(MARKER, "written by ernie-deploy export prometheus; a re-export replaces this directory\n"),
     ]
     return files

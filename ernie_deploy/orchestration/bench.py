@@ -43,7 +43,7 @@ from ernie_deploy.planning.findings import Severity
 from ernie_deploy.planning.hostpaths import local_url
 from ernie_deploy.planning.plan import PlanContext
 from ernie_deploy.planning.plantypes import HostPlan, InstancePlan
-from ernie_deploy.planning.render import environment_for_templates, templates_dir
+from ernie_deploy.planning.render import unit_environment
 from ernie_deploy.planning.settings import BENCH_TYPES
 from ernie_deploy.remote.bench import RESULT_NAME, Bench, BenchRun, bench_command, parse
 
@@ -135,7 +135,7 @@ class BenchRunner:
         self.overrides = dict(overrides or {})
         self.instance = instance
         self.save_dir = save_dir or default_save_dir()
-        self.templates = environment_for_templates(templates_dir())
+        self.templates = unit_environment()
         self.reports: dict[str, list[InstanceBench]] = {}
 
     def run(self, hosts: Sequence[RemoteHost]) -> list[HostResult]:

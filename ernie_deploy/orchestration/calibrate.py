@@ -53,7 +53,7 @@ from ernie_deploy.planning.datafiles import load_yaml, mapping
 from ernie_deploy.planning.plan import PlanContext
 from ernie_deploy.planning.plantypes import HostPlan
 from ernie_deploy.planning.recommend import load_table
-from ernie_deploy.planning.render import environment_for_templates, templates_dir
+from ernie_deploy.planning.render import unit_environment
 from ernie_deploy.remote import releases
 
 MET, SLO_FAILED, FAILED = "met", "slo-failed", "failed"
@@ -155,7 +155,7 @@ class Calibrator:
         self.clock, self.now = clock, now
         # The candidates' fleet: a signal sets its abort, which stops the candidates and nothing else.
         self.fleet = self._fleet()
-        self.templates = environment_for_templates(templates_dir(deploy.templates))
+        self.templates = unit_environment(deploy.templates)
         self.calibrations: list[Calibration] = []
         self.started = 0.0  # when run() began: the time bound covers every canary
 

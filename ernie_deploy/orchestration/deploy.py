@@ -47,7 +47,7 @@ from ernie_deploy.orchestration.snapshot import (
 from ernie_deploy.orchestration.transport import Connector, Progress, RemoteHost, Transport
 from ernie_deploy.planning.balancer import BalancerPlan
 from ernie_deploy.planning.plan import PlanContext
-from ernie_deploy.planning.render import environment_for_templates, templates_dir
+from ernie_deploy.planning.render import unit_environment
 from ernie_deploy.remote import converge, lock, releases
 from ernie_deploy.remote.balancer import Applied
 from ernie_deploy.remote.protocol import MARK
@@ -112,7 +112,7 @@ class Runner:
                                          poll=options.poll)
         self.fleet = fleet or Fleet(connector, FleetOptions(options.forks, options.any_errors_fatal,
                                                             options.known_hosts), progress)
-        self.templates = environment_for_templates(templates_dir(options.templates))
+        self.templates = unit_environment(options.templates)
         self.lock = lock.LockInfo.mine(options.command)
         self.expectations = expectations or Expectations()
 

@@ -55,7 +55,7 @@ from ernie_deploy.orchestration.watch import Watcher, WatchOptions, restart_opti
 from ernie_deploy.planning.balancer import GROUP, BalancerPlan, render_balancer, split_hosts
 from ernie_deploy.planning.plan import PlanContext
 from ernie_deploy.planning.provisioning import parse_rate
-from ernie_deploy.planning.render import environment_for_templates, templates_dir
+from ernie_deploy.planning.render import unit_environment
 from ernie_deploy.playbook.actions import ACTIONS
 from ernie_deploy.playbook.schema import Play, Playbook, Task, bench_overrides, verify_expectations
 from ernie_deploy.remote import lock, shelltask
@@ -263,7 +263,7 @@ class PlaybookRunner:
 
     def _wait_ready(self, play: Play, task: Task, hosts: list[Host], record: TaskRun, fleet: Fleet) -> None:
         timeout = task.number("timeout")
-        templates = environment_for_templates(templates_dir(self.options.templates))
+        templates = unit_environment(self.options.templates)
 
         def wait(run: HostRun[None]) -> None:
             deadline = time.monotonic() + timeout

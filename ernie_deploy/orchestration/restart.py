@@ -36,7 +36,7 @@ from ernie_deploy.orchestration.transport import Connector, Progress, RemoteHost
 from ernie_deploy.planning.hostpaths import RELEASES_DIR
 from ernie_deploy.planning.plan import PlanContext
 from ernie_deploy.planning.plantypes import HostPlan, InstancePlan
-from ernie_deploy.planning.render import environment_for_templates, templates_dir
+from ernie_deploy.planning.render import unit_environment
 from ernie_deploy.remote import converge, lock, releases
 
 
@@ -84,7 +84,7 @@ class Restarter:
         self.ctx = ctx
         self.options = options
         self.fleet = fleet or Fleet(connector, FleetOptions(options.forks, False, options.known_hosts), progress)
-        self.templates = environment_for_templates(templates_dir(options.templates))
+        self.templates = unit_environment(options.templates)
         self.lock = lock.LockInfo.mine(options.command)
         self.expectations = expectations or Expectations()
         self.report = Report()

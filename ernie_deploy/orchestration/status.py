@@ -40,7 +40,7 @@ from ernie_deploy.orchestration.transport import RemoteHost
 from ernie_deploy.planning.balancer import GROUP, BalancerBackend, BalancerPlan, BalancerServer
 from ernie_deploy.planning.hostpaths import LOCK_DIR
 from ernie_deploy.planning.plan import PlanContext
-from ernie_deploy.planning.render import environment_for_templates, exec_words, templates_dir, unescape_word
+from ernie_deploy.planning.render import exec_words, unescape_word, unit_environment
 from ernie_deploy.remote import converge, lock, releases
 from ernie_deploy.remote.facts import HostFacts
 from ernie_deploy.remote.status import HostStatus, parse, status_script
@@ -370,7 +370,7 @@ class StatusReader:
     def __init__(self, ctx: PlanContext, fleet: Fleet, templates: Path | None = None, *,
                  balancers: BalancerView | None = None, balancer_plans: Sequence[BalancerPlan] = ()) -> None:
         self.ctx, self.fleet = ctx, fleet
-        self.templates = environment_for_templates(templates_dir(templates))
+        self.templates = unit_environment(templates)
         self.balancers, self.balancer_plans = balancers, tuple(balancer_plans)
         self.results: list[HostResult] = []
         self.balancer_reports: dict[str, BalancerReport] = {}

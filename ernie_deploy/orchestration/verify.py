@@ -37,7 +37,7 @@ from ernie_deploy.planning.findings import Severity
 from ernie_deploy.planning.hostpaths import local_url
 from ernie_deploy.planning.plan import PlanContext
 from ernie_deploy.planning.plantypes import HostPlan, InstancePlan
-from ernie_deploy.planning.render import environment_for_templates, templates_dir
+from ernie_deploy.planning.render import unit_environment
 from ernie_deploy.remote import converge, probe
 from ernie_deploy.remote.converge import held_gpus
 
@@ -125,7 +125,7 @@ class Verifier:
         self.save_dir = save_dir
         self.reports: dict[str, list[InstanceBench]] = {}  # with `bench`: host → its instances' benches
         self.fleet = fleet or Fleet(connector, options, progress)
-        self.templates = environment_for_templates(templates_dir())
+        self.templates = unit_environment()
         self.expectations = expectations or Expectations()
 
     @property

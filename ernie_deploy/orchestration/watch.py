@@ -47,7 +47,7 @@ from ernie_deploy.orchestration.transport import Progress as ShowProgress
 from ernie_deploy.orchestration.transport import RemoteHost, Transport
 from ernie_deploy.planning.plan import PlanContext
 from ernie_deploy.planning.plantypes import HostPlan
-from ernie_deploy.planning.render import environment_for_templates, templates_dir
+from ernie_deploy.planning.render import unit_environment
 from ernie_deploy.playbook.actions import ACTIONS, watch_problem
 from ernie_deploy.remote.converge import RUNNING, death_story
 
@@ -204,7 +204,7 @@ class Watcher:
         self.view = view or WatchView()
         self.clock = clock
         self.sleep: Callable[[float], object] = sleep or fleet.abort.wait
-        self.templates = environment_for_templates(templates_dir(options.restart.templates))
+        self.templates = unit_environment(options.restart.templates)
         self.restarted: dict[tuple[str, str], int] = {}  # instance → restarts made by this watch
         self.report = WatchReport(options)
 

@@ -211,6 +211,28 @@ def environment_for_templates(directory: Path) -> jinja2.Environment:
     )
 
 
+def unit_environment(directory: Path | None = None) -> jinja2.Environment:
+    """The Jinja environment of the unit and env templates (the bundled ones, or --templates DIR), both compiled
+    now: a template that cannot be read or parsed is one error naming its file and line (exit 5), before any
+    host is planned, rendered or touched."""
+    import jinja2
+
+    env = environment_for_templates(templates_dir(directory))
+    for name in TEMPLATE_NAMES:
+        try:
+            env.get_template(name)
+        except jinja2.TemplateSyntaxError as exc:
+            raise RenderError(f"template syntax error: {exc.message}", where=f"{exc.filename}:{exc.lineno}",
+                              hint="fix the Jinja syntax at that line") from None
+        except jinja2.TemplateNotFound:
+            raise RenderError(f"no template {name} in {templates_dir(directory)}", where=str(directory),
+                              hint=f"give a directory holding {' and '.join(TEMPLATE_NAMES)}") from None
+        except (OSError, UnicodeDecodeError, jinja2.TemplateError) as exc:
+            raise RenderError(f"cannot read template {name}: {exc}", where=str(templates_dir(directory)),
+                              hint="give a directory of readable UTF-8 Jinja templates") from None
+    return env
+
+
 def _check_identity(plan: HostPlan) -> None:
     if not _USER.fullmatch(plan.user):
         raise RenderError(f"vllm_user {plan.user!r} is not a valid user name", where=plan.name)
