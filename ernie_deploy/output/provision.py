@@ -23,14 +23,12 @@ def show_provision(results: Sequence[HostResult], reports: Mapping[str, Provisio
             for r in results}})
         return
     for r in results:
-        console.out.print(f"{r.host}: {r.status.value}", markup=False, highlight=False)
+        error = host_error(r)
+        console.out.print(error or f"{r.host}: {r.status.value}", markup=False, highlight=False)
         for a in reports[r.host].actions:
             if a["status"] == StepStatus.OK and not verbose:
                 continue
             console.out.print(f"    {a['step']}: {a['status']}: {a['detail']}", markup=False, highlight=False)
-        error = host_error(r)
-        if error:
-            console.out.print(f"    {error}", markup=False, highlight=False)
     console.out.print("\nRECAP", markup=False)
     for r in results:
         changed = sum(1 for a in reports[r.host].actions if a["status"] in ("changed", "would change"))

@@ -8,6 +8,7 @@ from ernie_deploy.checks.result import CheckResult
 from ernie_deploy.orchestration.results import HostResult, Status, recap_counts
 from ernie_deploy.orchestration.rollout import Report
 from ernie_deploy.output import console
+from ernie_deploy.output.problem import said
 from ernie_deploy.output.report import STYLE
 from ernie_deploy.planning.findings import Severity
 
@@ -25,7 +26,7 @@ def show_results(results: Sequence[HostResult], verbose: int = 0, shown: set[tup
     for r in results:
         ch = r.change
         console.out.print(f"[{COLOUR[r.status]}]{r.status.value}[/]: [bold]{r.host}[/] ({r.seconds:.1f}s) "
-                          f"{r.message}", markup=True, highlight=False)
+                          f"{said(r.status.value, r.message)}", markup=True, highlight=False)
         if r.hint:
             console.out.print(f"    fix: {r.hint}", markup=False)
         for f in r.findings:
@@ -92,8 +93,8 @@ def show_checks(results: Sequence[HostResult], verbose: int = 0, shown: set[tupl
     for r in results:
         if not r.checks:
             continue
-        console.out.print(f"[{COLOUR[r.status]}]{r.status.value}[/]: [bold]{r.host}[/] ({r.seconds:.1f}s) {r.message}",
-                          markup=True, highlight=False)
+        console.out.print(f"[{COLOUR[r.status]}]{r.status.value}[/]: [bold]{r.host}[/] ({r.seconds:.1f}s) "
+                          f"{said(r.status.value, r.message)}", markup=True, highlight=False)
         header = None
         for c in r.checks if verbose else [c for c in r.checks if c.status != "pass"]:
             if _where(r.host, c) != header:

@@ -11,6 +11,7 @@ from ernie_deploy.orchestration.results import HostResult
 from ernie_deploy.orchestration.rollout import Report
 from ernie_deploy.output import console
 from ernie_deploy.output.jsonout import results_document
+from ernie_deploy.output.problem import host_problem
 from ernie_deploy.output.recap import show_checks, show_recap, show_results, show_rollout
 from ernie_deploy.output.schemas import FACTS_SCHEMA, RELEASES_SCHEMA, VERIFY_SCHEMA
 from ernie_deploy.planning.drivers import DriverVerdict
@@ -19,7 +20,7 @@ from ernie_deploy.remote.releases import Release
 
 
 def host_error(r: HostResult) -> str | None:
-    return None if not r.finished else f"{r.host}: {r.message}" + (f"\n  fix: {r.hint}" if r.hint else "")
+    return None if not r.finished else host_problem(r.host, r.message, r.hint)
 
 
 def say_stopped(signum: int | None) -> None:
@@ -132,4 +133,4 @@ def show_facts(results: Sequence[tuple[HostResult, HostFacts | None]],
 
 def show_locks(results: Sequence[tuple[HostResult, str]]) -> None:
     for r, state in results:
-        console.out.print(f"{r.host}: {host_error(r) or state}", markup=False)
+        console.out.print(host_error(r) or f"{r.host}: {state}", markup=False)

@@ -12,6 +12,7 @@ from ernie_deploy.orchestration.results import HostResult
 from ernie_deploy.orchestration.watch import Decision, Round, Seen, WatchReport, WatchView
 from ernie_deploy.output import console
 from ernie_deploy.output.jsonout import host_json
+from ernie_deploy.output.problem import host_problem
 from ernie_deploy.output.schemas import WATCH_SCHEMA
 
 if TYPE_CHECKING:  # at run time it would load SSH (paramiko) into every command's --help
@@ -50,7 +51,7 @@ def show_round(done: Round, *, verbose: bool) -> None:
           + (f", {len(sick)} not" if sick else ""))
     for r in done.hosts:
         if r.finished:
-            _line(f"  {r.host}: {r.status.value}: {r.message}" + (f"\n    fix: {r.hint}" if r.hint else ""))
+            _line(host_problem(r.host, r.message, r.hint, indent="  "))
     for s in sick:
         _seen(s)
         for d in done.decisions:
@@ -104,9 +105,8 @@ def show_end(report: WatchReport, *, json: bool) -> None:
           + f"; {len(restarts)} restart(s)"
           + "".join(f"; {d.host} {d.unit} {d.outcome} in round {d.round}" for d in restarts))
     for r in report.results:
-        _line(f"  {r.host}: {r.status.value}: {r.message}")
-        if r.hint and r.finished:
-            _line(f"    fix: {r.hint}")
+        _line(host_problem(r.host, r.message, r.hint, indent="  ") if r.finished
+              else f"  {r.host}: {r.status.value}: {r.message}")
     _line(f"exit code {report.code}")
 
 
