@@ -119,3 +119,16 @@ def test_check_mode_says_it_would_judge_progress_with_the_window(deployed: tuple
     assert ("ernie-vllm-0: progress: /metrics readable; with requests running, tokens come out within 5s; a "
             "waiting queue does not grow while nothing runs") in said
     assert not any("progress" in line for line in would_check(plan, Expectations(), kinds=("gpus",)))
+
+
+def test_verifys_one_line_names_each_instances_verified_tensor_parallel_size(
+        deployed: tuple[FakeHost, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """What operators run verify for, without -v (issue 38): the TP each instance runs with, as vLLM's own start-up
+    lines state it."""
+    fake, path = deployed
+    code, host = _verify(monkeypatch, capsys, fake, path)
+    tp = {c["instance"]: c["status"] for c in host["checks"] if c["name"] == "tensor_parallel"}
+    assert code == 0 and tp == {"ernie-vllm-0": "pass", "ernie-vllm-1": "pass"}, host["message"]
+    assert host["message"].endswith("; TP ernie-vllm-0 1 ✓, ernie-vllm-1 1 ✓"), host["message"]
+    main(["verify", "-i", str(path)])
+    assert "TP ernie-vllm-0 1 ✓, ernie-vllm-1 1 ✓" in capsys.readouterr().out

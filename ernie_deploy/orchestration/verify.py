@@ -184,7 +184,7 @@ class Verifier:
         result.status = Status.FAILED if failed else Status.OK
         warnings = f", {len(warned)} warning(s)" if warned else ""
         result.message = (f"{len(failed)} of {len(result.checks)} checks failed" if failed else
-                          f"all {len(result.checks)} checks passed{warnings}")
+                          f"all {len(result.checks)} checks passed{warnings}") + tp_verified(plan, result.checks)
 
     def _progress(self, run: HostRun[None], plan: HostPlan, found: Mapping[str, InstanceProgress]) -> None:
         """The progress check of each instance that serves (/health 200); one that does not already fails its
@@ -211,3 +211,14 @@ class Verifier:
             made = bench_instance(self.fleet, run, plan, inst, spec, self.save_dir)
             benches.append(made)
             result.checks += [bench_check(made), *(v.check(inst.unit) for v in made.verdicts)]
+
+
+def tp_verified(plan: HostPlan, checks: Sequence[CheckResult]) -> str:
+    """What operators run verify for, on its one line: each instance's tensor parallel size as vLLM's own start-up
+    lines state it (the tensor_parallel check): `; TP ernie-vllm-0 2 ✓, ernie-vllm-1 2 ✓`, `2 ?` where no line
+    states it, `✗` where vLLM runs another size (that check's summary says which)."""
+    verdicts = {c.instance: c.status for c in checks if c.name == "tensor_parallel"}
+    marks = {"pass": "✓", "warn": "?", "fail": "✗"}
+    told = [f"{i.unit} {i.tensor_parallel_size} {marks[verdicts[i.unit]]}" if verdicts[i.unit] != "fail"
+            else f"{i.unit} ✗" for i in plan.instances if i.unit in verdicts]
+    return f"; TP {', '.join(told)}" if told else ""
