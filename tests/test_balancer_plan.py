@@ -480,8 +480,8 @@ def test_render_of_a_fleet_without_a_key_and_of_a_bad_template(capsys: pytest.Ca
 def test_explain_a_balancer_and_the_balancers_of_a_host(capsys: pytest.CaptureFixture[str], fleet: Path) -> None:
     rc, out, _ = run(capsys, "explain", "-i", str(fleet), "lb")
     assert rc == 0 and "lb: a balancer (group vllm_balancers)" in out
-    assert re.search(r"vllm_balancer_port\s+│ 9000\s+│ inventory variable", out)
-    assert re.search(r"vllm_balancer_bind\s+│ 0\.0\.0\.0\s+│ default", out)
+    assert re.search(r"vllm_balancer_port\s+9000\s+inventory variable", out)
+    assert re.search(r"vllm_balancer_bind\s+0\.0\.0\.0\s+default", out)
     rc, out, _ = run(capsys, "explain", "-i", str(fleet), "lb", "--json")
     doc = json.loads(out)["balancer"]
     assert doc["settings"]["vllm_balancer_port"] == {"value": 9000, "source": "inventory variable"}

@@ -42,6 +42,12 @@ def _stderr_is_terminal() -> bool:
     return _err().is_terminal
 
 
+def literal(text: str) -> str:
+    """Text to place in a markup line as it is: brackets in it (`[tp-heads]`) are not read as style tags."""
+    from rich.markup import escape
+    return escape(text)
+
+
 def verbatim(text: str) -> None:
     """Text that must reach the reader line for line (diffs): never wrapped, cropped or styled, so a long line
     never continues on a line that reads as something else (a diff's removal)."""
@@ -64,14 +70,20 @@ def print_json(data: Any) -> None:
 
 
 def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    from rich.table import Table
+    """Aligned columns in plain lines, never cut: on a narrow terminal a line runs long and the terminal wraps
+    it, where a drawn table would shrink its columns and cut the values (a GPU list, the KV tokens) to `…`."""
+    cells = [list(columns), *([str(c) for c in row] for row in rows)]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
 
-    t = Table(title=title, title_justify="left")
-    for column in columns:
-        t.add_column(column)
-    for row in rows:
-        t.add_row(*(str(cell) for cell in row))
-    _out().print(t)
+    def line(row: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+
+    if title:
+        verbatim(title)
+    verbatim(line(cells[0]))
+    verbatim(line(["─" * w for w in widths]))
+    for row in cells[1:]:
+        verbatim(line(row))
 
 
 @contextmanager

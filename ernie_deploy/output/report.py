@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from ernie_deploy.errors import DeployError
 from ernie_deploy.output import console
 from ernie_deploy.output.balancer import balancers_json, fronting_json, show_balancers, show_fronting
+from ernie_deploy.output.folding import fold_names
 from ernie_deploy.output.schemas import PLAN_SCHEMA, RENDER_SCHEMA
 from ernie_deploy.planning.balancer import BalancerPlan
 from ernie_deploy.planning.findings import Severity
@@ -45,8 +46,9 @@ def show_plans(plans: Sequence[HostPlan], verbose: bool = False) -> None:
             if f.severity is Severity.INFO and not verbose:
                 continue
             scope = f" {f.instance}" if f.instance else ""
-            console.out.print(f"  [{STYLE[f.severity]}]{f.severity.value}[/] [{f.code}]{scope}: {f.message}",
-                              markup=True)
+            # Escaped: rich would read [tp-heads] as a style tag and drop the code.
+            console.out.print(f"  [{STYLE[f.severity]}]{f.severity.value}[/] "
+                              f"{console.literal(f'[{f.code}]{scope}: {f.message}')}", markup=True)
             if f.vllm_message:
                 console.out.print(f"    vLLM says: {f.vllm_message}", markup=False)
             if f.fix:
@@ -117,6 +119,53 @@ def show_explain(plan: HostPlan) -> None:
         console.table("flags of each unit's ExecStart", ["unit", "flag", "value", "why"], flag_sources(plan))
 
 
+def show_fleet(plans: Sequence[HostPlan], verbose: bool = False) -> None:
+    """`plan` of several hosts: one line per host, hosts whose plans read the same folded into one line
+    (gpu-a10-[02:40]), then each finding once with the hosts it applies to. Plain lines, never cut: a narrow
+    terminal wraps them rather than dropping the GPU list or the KV tokens."""
+    groups: dict[tuple[object, ...], list[HostPlan]] = {}
+    for plan in plans:
+        groups.setdefault(_fleet_key(plan), []).append(plan)
+    rows = [["host", "GPUs", "row", "profile", "instances", "max_model_len", "vLLM", "verdict"]]
+    rows += [[fold_names([p.name for p in members]), *_fleet_cells(members[0])] for members in groups.values()]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        console.verbatim("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    told: dict[tuple[object, ...], list[str]] = {}
+    for plan in plans:
+        for f in plan.findings:
+            if f.severity is not Severity.INFO or verbose:
+                told.setdefault((f.severity.value, f.code, f.instance, f.message, f.vllm_message, f.fix), []).append(
+                    plan.name)
+    if told:
+        console.verbatim("")
+    for (severity, code, instance, message, vllm_message, fix), hosts in told.items():
+        scope = f" {instance}" if instance else ""
+        console.verbatim(f"{severity} [{code}] {fold_names(hosts)}{scope}: {message}")
+        if vllm_message:
+            console.verbatim(f"    vLLM says: {vllm_message}")
+        if fix:
+            console.verbatim(f"    fix: {fix}")
+    console.verbatim("")
+
+
+def _fleet_cells(plan: HostPlan) -> list[str]:
+    gpu = f"{plan.gpu_count} × {plan.gpu.name}" if plan.gpu else "unknown"
+    tps = [i.tensor_parallel_size for i in plan.instances]
+    instances = (f"{len(tps)} × TP {tps[0]}" if tps and len(set(tps)) == 1 else
+                 " + ".join(f"TP {t}" for t in tps) or "—")
+    lens = dict.fromkeys(str(i.max_model_len) if i.max_model_len is not None else "derived" for i in plan.instances)
+    verdict = "ok" if plan.ok else f"{len(plan.errors)} error(s)"
+    return [gpu, plan.row or "—", plan.profile or "—", instances, "/".join(lens) or "—", plan.version or "—",
+            verdict]
+
+
+def _fleet_key(plan: HostPlan) -> tuple[object, ...]:
+    """What makes two hosts' lines and findings read the same (their names and addresses aside)."""
+    findings = tuple((f.severity, f.code, f.instance, f.message, f.fix) for f in plan.findings)
+    return (*_fleet_cells(plan), findings)
+
+
 def show_plan_command(plans: Sequence[HostPlan], *, json: bool, verbose: bool,
                       balancers: Sequence[BalancerPlan] = (),
                       balancer_failures: Mapping[str, DeployError] | None = None) -> None:
@@ -126,7 +175,10 @@ def show_plan_command(plans: Sequence[HostPlan], *, json: bool, verbose: bool,
         console.print_json({"schema": PLAN_SCHEMA, "ok": all(p.ok for p in plans) and not failed,
                             "hosts": [p.to_json() for p in plans], "balancers": balancers_json(balancers, failed)})
         return
-    show_plans(plans, verbose=verbose)
+    if verbose or len(plans) == 1:
+        show_plans(plans, verbose=verbose)  # the per-instance tables: -v, or one host (--limit HOST)
+    else:
+        show_fleet(plans)
     show_balancers(balancers, failed)
     bad = [p.name for p in plans if not p.ok]
     summary = f"{len(plans)} host(s), {len(bad)} with errors" + (f": {', '.join(bad)}" if bad else "")

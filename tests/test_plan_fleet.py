@@ -1,0 +1,58 @@
+"""`plan` for fleets (issue 38): one line per host, identical hosts folded into one (gpu-a10-[01:40]), each finding
+once with the hosts it applies to, nothing cut on a narrow terminal; the per-instance tables with -v or for one
+host."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ernie_deploy.cli.main import main
+from ernie_deploy.output.folding import fold_names
+
+
+@pytest.mark.parametrize(("names", "folded"), [
+    (["gpu-a10-02.dc1", "gpu-a10-03.dc1"], "gpu-a10-[02:03].dc1"),
+    ([f"gpu-{i:03d}" for i in range(1, 101)], "gpu-[001:100]"),
+    (["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"], "rack1-n[01:02], rack2-n[01:02]"),
+    (["a1", "a3", "a4", "b"], "a1, a[3:4], b"),
+    (["h1", "h10"], "h1, h10"),
+    (["web", "web"], "web"),
+])
+def test_names_fold_as_inventory_ranges(names: list[str], folded: str) -> None:
+    assert fold_names(names) == folded
+
+
+def fleet(tmp_path: Path, n: int) -> Path:
+    path = tmp_path / "fleet.yml"
+    hosts = "".join(f"        gpu-a10-{i:03d}.dc1:\n" for i in range(1, n + 1))
+    path.write_text("all:\n  children:\n    a10:\n      vars: {gpu_model: NVIDIA A10, gpu_count: 2}\n"
+                    f"      hosts:\n{hosts}    odd:\n      hosts:\n        gpu-x:\n"
+                    "          {gpu_model: NVIDIA A10, gpu_count: 4, vllm_tensor_parallel_size: 3}\n")
+    return path
+
+
+def test_a_hundred_identical_hosts_plan_in_a_few_lines_with_each_finding_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["plan", "-i", str(fleet(tmp_path, 100))]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) < 15, "\n".join(lines)
+    (row,) = [ln for ln in lines if ln.startswith("gpu-a10-[001:100].dc1 ")]
+    assert "2 × NVIDIA A10" in row and "2xA10" in row and "1 × TP 2" in row and row.rstrip().endswith("ok")
+    assert [ln for ln in lines if ln.startswith("gpu-x ")][0].rstrip().endswith("1 error(s)")
+    advice = [ln for ln in lines if ln.startswith("advice [tp-small-model] gpu-a10-[001:100].dc1: ")]
+    assert len(advice) == 1
+    assert [ln for ln in lines if ln.startswith("error [tp-heads] gpu-x ernie-vllm-0: TP 3 does not divide")]
+    assert lines[-1] == "101 host(s), 1 with errors: gpu-x"
+
+
+def test_one_host_or_v_shows_the_instance_tables(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = fleet(tmp_path, 3)
+    assert main(["plan", "-i", str(path), "--limit", "gpu-a10-001.dc1"]) == 0
+    one = capsys.readouterr().out
+    assert "KV tokens" in one and "[tp-small-model]" in one
+    main(["plan", "-i", str(path), "-v"])
+    every = capsys.readouterr().out
+    assert every.count("KV tokens") == 4
