@@ -34,8 +34,7 @@ def fleet(tmp_path: Path, n: int) -> Path:
 
 
 def test_a_hundred_identical_hosts_plan_in_a_few_lines_with_each_finding_once(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setenv("COLUMNS", "80")
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "-i", str(fleet(tmp_path, 100))]) == 1
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) < 15, "\n".join(lines)
@@ -57,3 +56,20 @@ def test_one_host_or_v_shows_the_instance_tables(tmp_path: Path, capsys: pytest.
     main(["plan", "-i", str(path), "-v"])
     every = capsys.readouterr().out
     assert every.count("KV tokens") == 4
+
+
+def test_idle_gpus_are_a_finding_with_a_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """3 instances on a 4-GPU host, a TP-2 instance on 4 GPUs: GPUs paid for and idle (issue 38)."""
+    import json
+    path = tmp_path / "inv.yml"
+    path.write_text("a:\n  vars: {gpu_model: NVIDIA A10, gpu_count: 4}\n  hosts:\n"
+                    "    three: {vllm_instances: 3, vllm_tensor_parallel_size: 1}\n"
+                    "    half: {vllm_tensor_parallel_size: 2}\n"
+                    "    full: {vllm_instances: 2, vllm_tensor_parallel_size: 2}\n")
+    assert main(["plan", "-i", str(path), "--json"]) == 0
+    idle = {h["host"]: f for h in json.loads(capsys.readouterr().out)["hosts"] for f in h["findings"]
+            if f["code"] == "idle-gpus"}
+    assert set(idle) == {"three", "half"}
+    assert idle["three"]["message"] == "GPU(s) 3 of 4 are used by no instance"
+    assert idle["three"]["fix"] == "set vllm_instances to 4 (one instance per 1 GPU(s))"
+    assert idle["half"]["message"] == "GPU(s) 2, 3 of 4 are used by no instance"

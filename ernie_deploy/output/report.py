@@ -24,8 +24,9 @@ def show_plans(plans: Sequence[HostPlan], verbose: bool = False) -> None:
     for plan in plans:
         gpu = f"{plan.gpu_count} × {plan.gpu.name}" if plan.gpu else "GPU unknown"
         status = "[green]ok[/]" if plan.ok else f"[bold red]{len(plan.errors)} error(s)[/]"
+        # soft_wrap: long lines run on (the terminal wraps them) rather than rich breaking a message mid-phrase.
         console.out.print(f"[bold]{plan.name}[/] ({plan.address})  {gpu}  row {plan.row or '—'}  "
-                          f"profile {plan.profile or '—'}  vLLM {plan.version or '—'}  {status}")
+                          f"profile {plan.profile or '—'}  vLLM {plan.version or '—'}  {status}", soft_wrap=True)
         if plan.instances:
             rows = []
             for i in plan.instances:
@@ -48,11 +49,11 @@ def show_plans(plans: Sequence[HostPlan], verbose: bool = False) -> None:
             scope = f" {f.instance}" if f.instance else ""
             # Escaped: rich would read [tp-heads] as a style tag and drop the code.
             console.out.print(f"  [{STYLE[f.severity]}]{f.severity.value}[/] "
-                              f"{console.literal(f'[{f.code}]{scope}: {f.message}')}", markup=True)
+                              f"{console.literal(f'[{f.code}]{scope}: {f.message}')}", markup=True, soft_wrap=True)
             if f.vllm_message:
-                console.out.print(f"    vLLM says: {f.vllm_message}", markup=False)
+                console.verbatim(f"    vLLM says: {f.vllm_message}")
             if f.fix:
-                console.out.print(f"    fix: {f.fix}", markup=False)
+                console.verbatim(f"    fix: {f.fix}")
         console.out.print()
 
 

@@ -367,6 +367,8 @@ def _instances(ctx: PlanContext, model: ModelSpec, gpu: GpuType, gpu_count: int,
 
 def _layout_findings(instances: list[InstancePlan], gpu_count: int, share: bool) -> list[Finding]:
     need = sum(i.tensor_parallel_size * i.pipeline_parallel_size for i in instances)
+    if need < gpu_count and instances and not share:
+        return [_idle_gpus(instances, gpu_count)]
     if share or need <= gpu_count or len(instances) < 2:
         return []
     per = instances[0].tensor_parallel_size * instances[0].pipeline_parallel_size
@@ -375,6 +377,18 @@ def _layout_findings(instances: list[InstancePlan], gpu_count: int, share: bool)
         f"{len(instances)} instances × {per} GPUs need {need} GPUs; the host has {gpu_count}",
         fix=f"set vllm_instances to {max(1, gpu_count // max(per, 1))}, or vllm_share_gpus: true with "
             "memory fractions that sum to ≤ 1 per GPU")]
+
+
+def _idle_gpus(instances: list[InstancePlan], gpu_count: int) -> Finding:
+    """GPUs no instance uses: paid for and idle (3 instances on 4 GPUs, a TP-2 row on a 4-GPU host)."""
+    used = {g for i in instances for g in i.gpus}
+    idle = [g for g in range(gpu_count) if g not in used]
+    per = instances[0].tensor_parallel_size * instances[0].pipeline_parallel_size
+    fits = gpu_count // max(per, 1)
+    fix = (f"set vllm_instances to {fits} (one instance per {per} GPU(s))" if fits > len(instances) else
+           f"set vllm_tensor_parallel_size so the instances use all {gpu_count} GPUs")
+    return Finding(Severity.ADVICE, "idle-gpus",
+                   f"GPU(s) {', '.join(map(str, idle))} of {gpu_count} are used by no instance", fix=fix)
 
 
 def _ordered(findings: list[Finding]) -> list[Finding]:
