@@ -73,3 +73,23 @@ def test_idle_gpus_are_a_finding_with_a_fix(tmp_path: Path, capsys: pytest.Captu
     assert idle["three"]["message"] == "GPU(s) 3 of 4 are used by no instance"
     assert idle["three"]["fix"] == "set vllm_instances to 4 (one instance per 1 GPU(s))"
     assert idle["half"]["message"] == "GPU(s) 2, 3 of 4 are used by no instance"
+
+
+def test_ernie_ignore_silences_a_deliberate_choice_but_never_an_error(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+    path = tmp_path / "inv.yml"
+    path.write_text("a:\n  vars: {gpu_model: NVIDIA A10, gpu_count: 4, ernie_ignore: [idle-gpus, tp-heads]}\n"
+                    "  hosts:\n    half: {vllm_tensor_parallel_size: 2}\n    bad: {vllm_tensor_parallel_size: 3}\n"
+                    "    typo: {ernie_ignore: 7}\n")
+    assert main(["plan", "-i", str(path), "--json"]) == 1
+    hosts = {h["host"]: h for h in json.loads(capsys.readouterr().out)["hosts"]}
+    assert [f["code"] for f in hosts["half"]["silenced"]] == ["idle-gpus"]
+    assert "idle-gpus" not in [f["code"] for f in hosts["half"]["findings"]]
+    assert "tp-heads" in [f["code"] for f in hosts["bad"]["findings"]]  # an error stays
+    assert hosts["typo"]["findings"][0]["message"] == "ernie_ignore must be a list of finding codes"
+    main(["plan", "-i", str(path), "--limit", "half", "-v"])
+    assert "silenced advice [idle-gpus]: GPU(s) 2, 3 of 4 are used by no instance (ernie_ignore)" in (
+        capsys.readouterr().out)
+    main(["plan", "-i", str(path), "--limit", "half"])
+    assert "idle-gpus" not in capsys.readouterr().out

@@ -54,6 +54,9 @@ def show_plans(plans: Sequence[HostPlan], verbose: bool = False) -> None:
                 console.verbatim(f"    vLLM says: {f.vllm_message}")
             if f.fix:
                 console.verbatim(f"    fix: {f.fix}")
+        if verbose:
+            for f in plan.silenced:
+                console.verbatim(f"  silenced {f.severity.value} [{f.code}]: {f.message} (ernie_ignore)")
         console.out.print()
 
 

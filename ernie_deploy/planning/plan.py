@@ -330,7 +330,28 @@ def _build(inputs: HostInputs, ctx: PlanContext, discovered: Discovered | None) 
         drain_timeout=int(value("drain_timeout")), env=env, secrets=dict(inputs.secrets), settings=settings,
         tuning=_tuning({name: s.value for name, s in settings.items()}), instances=tuple(instances), findings=(),
     )
-    return replace(plan, findings=tuple(_ordered(findings + unsafe_values(plan))))
+    found = _ordered(findings + unsafe_values(plan))
+    ignored, problem = _ignored(host.vars.get(IGNORE_VAR))
+    if problem is not None:
+        found.insert(0, problem)
+    silenced = [f for f in found if f.code in ignored and f.severity is not Severity.ERROR]
+    return replace(plan, findings=tuple(f for f in found if f not in silenced), silenced=tuple(silenced))
+
+
+# The finding codes a host (or group) silences, for a deliberate choice: `ernie_ignore: [tp-pcie]`. Errors are
+# never silenced: vLLM would refuse to start whatever the inventory says.
+IGNORE_VAR = "ernie_ignore"
+
+
+def _ignored(value: Any) -> tuple[frozenset[str], Finding | None]:
+    if value is None:
+        return frozenset(), None
+    if isinstance(value, str):  # an INI inventory or -e gives a string: comma-separated codes
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        return frozenset(), Finding(Severity.ERROR, "input", f"{IGNORE_VAR} must be a list of finding codes",
+                                    fix=f"write {IGNORE_VAR}: [tp-pcie, idle-gpus] (the codes plan prints in brackets)")
+    return frozenset(value), None
 
 
 def _instances(ctx: PlanContext, model: ModelSpec, gpu: GpuType, gpu_count: int, value: Any) -> list[InstancePlan]:

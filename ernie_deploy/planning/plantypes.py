@@ -84,6 +84,8 @@ class HostPlan:
     tuning: Tuning
     instances: tuple[InstancePlan, ...]
     findings: tuple[Finding, ...] = field(default_factory=tuple)
+    # Findings the host's ernie_ignore silenced (never errors): shown with -v, counted nowhere.
+    silenced: tuple[Finding, ...] = field(default_factory=tuple)
 
     @property
     def errors(self) -> list[Finding]:
@@ -110,6 +112,7 @@ class HostPlan:
                              "source": v.source} for k, v in self.settings.items()},
             "instances": [instance_json(i) for i in self.instances],
             "findings": [f.to_json() for f in self.findings],
+            "silenced": [f.to_json() for f in self.silenced],
         }
 
 
