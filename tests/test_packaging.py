@@ -23,3 +23,28 @@ def test_wheel_contains_templates_and_data(tmp_path: Path) -> None:
                    # Sent to hosts as text, read with importlib.resources.
                    "ernie_deploy/remote/programs/http_probe.py", "ernie_deploy/export/hostscript.py"):
         assert needed in names, needed
+
+
+def test_the_install_line_gives_a_working_command_in_a_clean_venv(tmp_path: Path) -> None:
+    """What `pipx install .` and `uv tool install .` do (README, Install): the wheel and its dependencies in a venv
+    of their own, nothing from the test environment; the command plans the example and names its commit."""
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "w"),
+                            str(ROOT)], capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr
+    (wheel,) = (tmp_path / "w").glob("ernie_deploy-*.whl")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    installed = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(wheel)], capture_output=True,
+                               text=True, timeout=900)
+    assert installed.returncode == 0, installed.stderr
+    tool = venv / "bin" / "ernie-deploy"
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    version = subprocess.run([str(tool), "--version"], capture_output=True, text=True, env=env, timeout=60)
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=7", "HEAD"], capture_output=True,
+                          text=True, timeout=60).stdout.strip()
+    assert version.returncode == 0 and version.stdout.startswith("ernie-deploy "), version.stderr
+    if head:  # a checkout with git: the build names its commit
+        assert f"(commit {head}" in version.stdout, version.stdout
+    plan = subprocess.run([str(tool), "plan", "-i", str(ROOT / "inventory" / "example.yml")], capture_output=True,
+                          text=True, env=env, timeout=120, cwd=tmp_path)
+    assert plan.returncode == 1 and "gpu-a10-05.dc1" in plan.stdout and "tp-heads" in plan.stdout, plan.stderr

@@ -56,6 +56,13 @@ class _Parser(argparse.ArgumentParser):
         self.exit(ExitCode.INPUT, f"{self.prog}: error: {message}\n")
 
 
+def _commit(version: str) -> str:
+    """The commit a build came from, as hatch-vcs writes it into the version (0.1.1.dev150+ge2f882a18...)."""
+    import re
+    found = re.search(r"\+g([0-9a-f]{7,40})", version)
+    return f" (commit {found.group(1)})" if found else ""
+
+
 def build_parser() -> argparse.ArgumentParser:
     from ernie_deploy import __version__
     parser = _Parser(
@@ -64,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 ok · 1 a plan has errors · 2 a host failed · 4 a host unreachable · 5 bad input or "
                "usage · 6 a deploy lock is held · 130 interrupted (143 SIGTERM).",
     )
-    parser.add_argument("--version", action="version", version=f"ernie-deploy {__version__}")
+    parser.add_argument("--version", action="version", version=f"ernie-deploy {__version__}{_commit(__version__)}")
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="-v shows the detail (passing checks, advice and info findings, steps, timings); "
                              "-vvv prints tracebacks of errors")
