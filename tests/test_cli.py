@@ -56,7 +56,8 @@ def test_explain_shows_sources(capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, _ = run(capsys, "explain", "-i", EXAMPLE, "gpu-a10-05.dc1", "--json")
     assert rc == 1
     settings = json.loads(out)["settings"]
-    assert settings["tensor_parallel_size"] == {"value": 3, "source": "inventory variable"}
+    assert settings["tensor_parallel_size"] == {"value": 3, "source": "inventory variable",
+                                                "where": f"{EXAMPLE}, host gpu-a10-05.dc1"}
     assert settings["max_model_len"] == {"value": 8192, "source": "row 4xA10"}
     rc, out, _ = run(capsys, "explain", "-i", EXAMPLE, "gpu-a10-04.dc1")
     assert rc == 0 and "--tensor-parallel-size" in out and "tensor_parallel_size: row 4xA10" in out

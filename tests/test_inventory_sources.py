@@ -305,7 +305,7 @@ def test_bad_templates_name_the_host_file_and_variable(tmp_path: Path, capsys: p
     assert main(["plan", "-i", str(path), "--json"]) == 1
     (host,) = json.loads(capsys.readouterr().out)["hosts"]
     (finding,) = [f for f in host["findings"] if f["severity"] == "error"]
-    assert host["host"] == "h1" and finding["message"].startswith(f"variable vllm_port (from {path}): ")
+    assert host["host"] == "h1" and finding["message"].startswith(f"variable vllm_port (from {path}, host h1): ")
     assert message in finding["message"] and fix in finding["fix"]
 
 
@@ -416,3 +416,19 @@ def test_a_secret_from_an_unset_environment_variable_is_an_error_not_an_open_ser
     (host,) = json.loads(capsys.readouterr().out)["hosts"]
     errors = {f["message"]: f["fix"] for f in host["findings"] if f["severity"] == "error"}
     assert "vllm_api_key is empty" in errors and "environment variable" in errors["vllm_api_key is empty"]
+
+
+def test_explain_names_the_file_and_group_or_host_that_set_each_value(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "group_vars").mkdir()
+    (tmp_path / "group_vars" / "a10.yml").write_text("vllm_port: 8004\n")
+    path = tmp_path / "inventory.yml"
+    path.write_text("a10:\n  vars:\n    vllm_drain_timeout: 12\n  hosts:\n"
+                    "    h1: {gpu_model: NVIDIA A10, gpu_count: 1, vllm_stable_seconds: 3}\n")
+    rc, doc, err = explain(path, capsys, "-e", "vllm_startup_budget=90")
+    assert rc == 0, err
+    where = {k: v.get("where") for k, v in doc["settings"].items()}
+    assert where["port"] == f"{tmp_path / 'group_vars' / 'a10.yml'}, group a10"
+    assert where["drain_timeout"] == f"{path}:3, group a10"
+    assert where["stable_seconds"] == f"{path}, host h1"
+    assert where["startup_budget"] == "-e/--extra-vars" and where["max_model_len"] is None

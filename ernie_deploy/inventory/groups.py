@@ -140,7 +140,7 @@ class GroupBuilder:
     def set_group_var(self, group: str, var: str, value: Any, where: str) -> None:
         if var != "ansible_group_priority":
             self.groups[group].vars[var] = plain(value)
-            self.groups[group].origins[var] = where.rsplit(": ", 1)[0]
+            self.groups[group].origins[var] = f"{where.rsplit(': ', 1)[0]}, group {group}"
             return
         # Ansible stores the priority on the group, not as a variable; None is ignored like it does.
         try:

@@ -269,7 +269,7 @@ class FileLayers:
         # walks the sources outside, the groups inside).
         found += [self._file_layer(i, "group_vars", "all") for i in bases]
         found += [self._file_layer(i, "group_vars", g) for i in bases for g in ordered]
-        found.append((self._builder.host_vars[host], self._builder.host_files.get(host, "")))
+        found.append((self._builder.host_vars[host], self._builder.host_files.get(host, "") + f", host {host}"))
         found += [self._file_layer(i, "host_vars", host) for i in bases]
         return found
 
@@ -300,7 +300,7 @@ class FileLayers:
                 shown = str(Path(self._bases[base][1]) / file.relative_to(self._bases[base][0]))
                 layer = self._read_vars_file(file, shown)
                 merged.update(layer)
-                where.update(dict.fromkeys(layer, shown))
+                where.update(dict.fromkeys(layer, f"{shown}, {'group' if subdir == 'group_vars' else 'host'} {name}"))
             self._file_vars_cache[key] = (merged, where)
         return self._file_vars_cache[key]
 

@@ -105,7 +105,7 @@ def show_explain(plan: HostPlan) -> None:
     rows = []
     for name, s in plan.settings.items():
         value = "[REDACTED]" if isinstance(s.value, Secret) else s.value
-        rows.append([name, value, s.source])
+        rows.append([name, value, f"{s.source} ({s.where})" if s.where else s.source])
     console.table(None, ["setting", "value", "source"], rows)
     if plan.gpu:
         console.out.print(f"GPUs: {plan.gpu_count} × {plan.gpu.name} ({plan.gpu.memory_mib} MiB, "

@@ -84,6 +84,9 @@ def _source_config(ctx: PlanContext, source: Any) -> str | None:
     return str(path) if (path / "config.json").is_file() else None
 
 
+INVENTORY_SOURCE = "inventory variable"
+
+
 def _resolve(layers: list[tuple[str, Mapping[str, Any]]]) -> dict[str, Setting]:
     """Each setting comes from the last layer that sets it; that layer's label becomes its source."""
     winner: dict[str, tuple[Any, str]] = {}
@@ -130,7 +133,7 @@ def _layers(table: Table, row: Row | None, fallback: Mapping[str, Any], inv: Map
     if profile_from_inventory:
         # An operator who picks a profile for a host wants its context length, not the row's.
         layers.append((f"profile {profile_name} (chosen by vllm_profile)", profile_values))
-    layers.append(("inventory variable", {k: v for k, v in inv.items()}))
+    layers.append((INVENTORY_SOURCE, {k: v for k, v in inv.items()}))
     return layers
 
 
@@ -302,6 +305,10 @@ def _build(inputs: HostInputs, ctx: PlanContext, discovered: Discovered | None) 
         model = _discovered_model(inputs, discovered)
     fallback = _fallback(model, gpu_count) if inputs.row is None else {}
     settings = _resolve(_layers(ctx.table, inputs.row, fallback, inputs.inv, inputs.profile, "profile" in inputs.inv))
+    origin = getattr(host.vars, "origin", None)  # an inventory read by the CLI knows each variable's file
+    if callable(origin):
+        settings = {n: replace(s, where=str(origin(f"vllm_{n}"))) if s.source == INVENTORY_SOURCE else s
+                    for n, s in settings.items()}
     if "bin" not in settings:
         settings["bin"] = Setting(inputs.bin, f"default for vLLM {version_text}")
     if discovered is not None:

@@ -109,7 +109,8 @@ class HostPlan:
             "vllm_version": self.version,
             "ok": self.ok,
             "settings": {k: {"value": v.value if not isinstance(v.value, Secret) else "[REDACTED]",
-                             "source": v.source} for k, v in self.settings.items()},
+                             "source": v.source, **({"where": v.where} if v.where else {})}
+                         for k, v in self.settings.items()},
             "instances": [instance_json(i) for i in self.instances],
             "findings": [f.to_json() for f in self.findings],
             "silenced": [f.to_json() for f in self.silenced],

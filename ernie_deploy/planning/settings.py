@@ -213,6 +213,7 @@ def venv_bin(version: str) -> str:
 class Setting:
     value: Any
     source: str
+    where: str = ""  # an inventory variable's file (or -e), when the inventory was read with origins
 
 
 def check_type(name: str, value: Any, where: str, types: Mapping[str, SettingType] = SETTING_TYPES) -> Any:
