@@ -9,7 +9,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
     from ernie_deploy.inventory.inventory import Host, Inventory
@@ -48,8 +48,24 @@ def _common(p: argparse.ArgumentParser, limit: bool = True) -> None:
                    help="recommended-config table to use instead of the bundled one")
 
 
+class _Formatter(argparse.HelpFormatter):
+    """--help names each option's default where it has one worth saying (not None, False or empty)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if ("%(default)" in text or "default" in text.lower() or default in (None, False, [], "")
+                or default is argparse.SUPPRESS or not action.option_strings):
+            return action.help
+        return f"{text} (default: %(default)s)"
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse exits 2 on usage errors; 2 means "a host failed" here, so usage errors exit 5."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
