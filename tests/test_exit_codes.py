@@ -26,7 +26,7 @@ A10 = {"gpu_model": "NVIDIA A10", "gpu_count": 1}
 
 def readme_codes() -> dict[int, str]:
     text = (ROOT / "README.md").read_text()
-    table = text[text.index("### Exit codes"):]
+    table = text[text.index("## Exit codes"):]
     return {int(m.group(1)): m.group(2) for m in re.finditer(r"^\| (\d+) \| (.+) \|$", table, re.MULTILINE)}
 
 
