@@ -93,3 +93,20 @@ def test_ernie_ignore_silences_a_deliberate_choice_but_never_an_error(tmp_path: 
         capsys.readouterr().out)
     main(["plan", "-i", str(path), "--limit", "half"])
     assert "idle-gpus" not in capsys.readouterr().out
+
+
+def test_the_gpu_map_shows_who_holds_each_gpu_and_how_its_memory_splits(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "inv.yml"
+    path.write_text("a:\n  vars: {gpu_model: NVIDIA A10}\n  hosts:\n"
+                    "    three: {gpu_count: 4, vllm_instances: 3, vllm_tensor_parallel_size: 1}\n"
+                    "    shared: {gpu_count: 1, vllm_instances: 2, vllm_share_gpus: true,"
+                    " vllm_gpu_memory_utilization: 0.45}\n")
+    main(["plan", "-i", str(path), "-v"])
+    lines = capsys.readouterr().out.splitlines()
+    gpus = [ln.strip() for ln in lines if ln.startswith("  GPU ")]
+    assert gpus[3] == "GPU 3  idle          [........................]  free 22.49 GiB"
+    assert gpus[0].startswith("GPU 0  ernie-vllm-0  [WK") and gpus[0].endswith("free 2.25 GiB")
+    assert len(gpus[0].split("[")[1].split("]")[0]) == 24
+    (both,) = [g for g in gpus if "ernie-vllm-0 + ernie-vllm-1" in g]
+    assert both.count("W") == 3 and both.endswith("free 2.25 GiB")  # two instances' weights, and "W 1.34"

@@ -9,6 +9,7 @@ from ernie_deploy.errors import DeployError
 from ernie_deploy.output import console
 from ernie_deploy.output.balancer import balancers_json, fronting_json, show_balancers, show_fronting
 from ernie_deploy.output.folding import fold_names
+from ernie_deploy.output.gpumap import gpu_map_lines
 from ernie_deploy.output.schemas import PLAN_SCHEMA, RENDER_SCHEMA
 from ernie_deploy.planning.balancer import BalancerPlan
 from ernie_deploy.planning.findings import Severity
@@ -43,6 +44,8 @@ def show_plans(plans: Sequence[HostPlan], verbose: bool = False) -> None:
                 ])
             console.table(None, ["unit", "port", "GPUs", "TP", "max_model_len", "mem util", "weights GiB/GPU",
                                  "KV GiB/GPU", "KV tokens", "max concurrency"], rows)
+            for line in gpu_map_lines(plan):
+                console.verbatim(line)
         for f in plan.findings:
             if f.severity is Severity.INFO and not verbose:
                 continue
