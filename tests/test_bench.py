@@ -236,7 +236,8 @@ def test_plan_refuses_a_bad_bench_value_and_explain_shows_the_set_ones(
     inv = _inventory(tmp_path, vllm_bench_num_prompts=20, vllm_slo_ttft_p99_ms=3500)
     assert main(["explain", "-i", str(inv), "a", "--json"]) == ExitCode.OK
     settings = json.loads(capsys.readouterr().out)["settings"]
-    assert settings["bench_num_prompts"] == {"value": 20, "source": "inventory variable"}
+    assert settings["bench_num_prompts"]["value"] == 20
+    assert settings["bench_num_prompts"]["source"] == "inventory variable"
     assert settings["slo_ttft_p99_ms"]["value"] == 3500
 
 

@@ -123,7 +123,9 @@ def test_running_vllm_is_read_from_each_main_process_not_from_the_default_path(t
     (purelib / "vllm-0.34.0.dist-info").mkdir(parents=True)
     (purelib / "vllm-0.34.0.dist-info/METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.34.0\n")
     vllm = venv / "bin/vllm"
-    vllm.write_text(f"#!{venv}/bin/python\nsleep 30\n")  # the test's process runs it with sh: it waits
+    # The test's process runs it with sh: it waits. Not `sleep` alone: sh may exec a script's last command, and
+    # the process would no longer be the vllm program when its command line is read (seen once in a loaded run).
+    vllm.write_text(f"#!{venv}/bin/python\nsleep 30\nexit 0\n")
     shims = tmp_path / "bin"
     shims.mkdir()
     # The process as systemd runs it: the script behind its interpreter (argv[0] python, argv[1] the script).
