@@ -338,6 +338,8 @@ def _build(inputs: HostInputs, ctx: PlanContext, discovered: Discovered | None) 
         tuning=_tuning({name: s.value for name, s in settings.items()}), instances=tuple(instances), findings=(),
     )
     found = _ordered(findings + unsafe_values(plan))
+    if any(f.severity is Severity.ERROR for f in found):
+        found = [f for f in found if f.code != "idle-gpus"]  # the errors' fixes change the layout anyway
     ignored, problem = _ignored(host.vars.get(IGNORE_VAR))
     if problem is not None:
         found.insert(0, problem)
