@@ -37,7 +37,11 @@ PROD = VaultSecret("prod", PROD_PASSWORD)
 FILE_PLAINTEXT = 'db_user: ernie\ngreeting: "grüße — ключ"\n'
 ANSIBLE_VAULT = shutil.which("ansible-vault", path=os.pathsep.join([str(Path(sys.executable).parent),
                                                                      os.environ.get("PATH", "")]))
-needs_ansible_vault = pytest.mark.skipif(ANSIBLE_VAULT is None, reason="ansible-vault (ansible-core) not installed")
+# Skipped only on a developer machine without ansible-core (the committed fixtures still test the format there);
+# in CI (.ci/run sets ERNIE_LAB_REQUIRED=1) ansible-core is a test dependency, so a missing one fails instead.
+needs_ansible_vault = pytest.mark.skipif(
+    ANSIBLE_VAULT is None and not os.environ.get("CI") and os.environ.get("ERNIE_LAB_REQUIRED") != "1",
+    reason="ansible-vault (ansible-core) not installed: pip install -e .[test]")
 
 
 class VaultLoader(yaml.SafeLoader):

@@ -89,7 +89,7 @@ def load(args: argparse.Namespace) -> Inventory:
     from ernie_deploy.planning.settings import SECRET_FILE_VARS
     sources: Sources = args.inventory
     decrypt = _decrypter(args)
-    inventory = _read(sources, decrypt)
+    inventory = _read_once(args, decrypt)
     extra = parse_extra_vars(args.extra_vars, decrypt)
     return resolve_inventory(inventory, Resolution(environ=dict(os.environ), base_dir=sources.base_dir,
                                                    decrypt=decrypt, extra_vars=extra, file_vars=SECRET_FILE_VARS))
@@ -100,25 +100,35 @@ def load_raw(args: argparse.Namespace) -> Inventory:
     from ernie_deploy.cli.extravars import parse_extra_vars
     from ernie_deploy.inventory.inventory import Host
     decrypt = _decrypter(args)
-    inventory = _read(args.inventory, decrypt)
+    inventory = _read_once(args, decrypt)
     extra = parse_extra_vars(args.extra_vars, decrypt)
     if not extra:
         return inventory
     return inventory.replace_hosts({n: Host(n, {**h.vars, **extra}, h.groups) for n, h in inventory.hosts.items()})
 
 
+def _read_once(args: argparse.Namespace, decrypt: _Vault | None) -> Inventory:
+    """The inventory as read, once per command: export reads it resolved and raw, and a second read would run
+    ansible-inventory (or parse every file) again. Resolving copies it, so the one read serves both."""
+    if not hasattr(args, "inventory_read"):
+        args.inventory_read = _read(args.inventory, decrypt)
+    inventory: Inventory = args.inventory_read
+    return inventory
+
+
 def _read(sources: Sources, decrypt: _Vault | None) -> Inventory:
-    from ernie_deploy.inventory.inventory import INSTALL_ANSIBLE, load_inventory
+    from ernie_deploy.inventory.inventory import INSTALL_ANSIBLE, load_sources
     from ernie_deploy.inventory.sources import classify
     reader = os.environ.get(READER_ENV, "auto")
     if reader not in ("auto", "ansible", "bundled"):
         raise InventoryError(f"{READER_ENV}={reader!r} is not a reader", where=READER_ENV,
                              hint="use auto (the default), ansible or bundled")
+    classified = [classify(g) for g in sources.given]
     if reader == "bundled":
-        return load_inventory(sources.given, decrypt)
-    foreign = [s for s in map(classify, sources.given) if s.foreign and s.foreign != "missing"]
+        return load_sources(classified, decrypt)
+    foreign = [s for s in classified if s.foreign and s.foreign != "missing"]
     if reader == "auto" and not foreign:
-        return load_inventory(sources.given, decrypt)
+        return load_sources(classified, decrypt)
     tool = ansible_inventory()
     if tool is None:
         if foreign:

@@ -30,6 +30,7 @@ import yaml
 from ernie_deploy.errors import InventoryError
 from ernie_deploy.export.program import host_program, regions
 from ernie_deploy.inventory.inventory import Inventory
+from ernie_deploy.inventory.resolve import is_template
 from ernie_deploy.inventory.vault import is_vaulted
 from ernie_deploy.inventory.yamlfile import Unsafe, Vaulted, load_yaml, plain
 from ernie_deploy.planning.balancer import BalancerPlan, unit_dropin
@@ -196,7 +197,7 @@ def redact(data: Any, vault: _Vault, base: Path) -> Any:
         return data
     out: dict[Any, Any] = {}
     for k, v in data.items():
-        if k in SECRET_FILE_VARS and isinstance(v, str) and not _JINJA.search(v):
+        if k in SECRET_FILE_VARS and isinstance(v, str) and not is_template(v):
             path = Path(v).expanduser()
             out[SECRET_FILE_VARS[k]] = "{{ lookup('ansible.builtin.file', " + repr(str(
                 path if path.is_absolute() else base / path)) + ") }}"
@@ -216,8 +217,7 @@ def redact(data: Any, vault: _Vault, base: Path) -> Any:
 
 
 def _safe_secret(value: Any) -> bool:
-    return isinstance(value, Vaulted) or (isinstance(value, str) and not isinstance(value, Unsafe)
-                                          and bool(_JINJA.search(value)))
+    return isinstance(value, Vaulted) or is_template(value)
 
 
 class _Dumper(yaml.SafeDumper):

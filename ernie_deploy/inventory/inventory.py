@@ -357,7 +357,12 @@ def load_inventory(paths: str | Path | Sequence[str | Path], decrypt: Decrypt | 
     each, merged in the order given as ansible-core merges repeated `-i`. Any other kind of source is an error
     naming what reads it (cli/inventories.py sends such sources to ansible-inventory instead)."""
     given = [str(paths)] if isinstance(paths, (str, Path)) else [str(p) for p in paths]
-    sources = [classify(g) for g in given]
+    return load_sources([classify(g) for g in given], decrypt)
+
+
+def load_sources(sources: Sequence[Source], decrypt: Decrypt | None = None) -> Inventory:
+    """load_inventory of sources classified already (inventory/sources.py), so no file is read twice to
+    decide."""
     for source in sources:
         if source.foreign == "missing":
             raise InventoryError("inventory source not found", where=source.given,
@@ -365,7 +370,7 @@ def load_inventory(paths: str | Path | Sequence[str | Path], decrypt: Decrypt | 
         if source.foreign:
             raise InventoryError(f"{source.foreign}: the bundled reader reads YAML inventories only",
                                  where=source.foreign_path, hint=INSTALL_ANSIBLE)
-    shown = ", ".join(given)
+    shown = ", ".join(s.given for s in sources)
     with collector_paused():
         builder = GroupBuilder(shown)
         for source in sources:

@@ -43,6 +43,12 @@ class Resolution:
 _UNSET = object()
 
 
+def is_template(value: object) -> bool:
+    """Whether a raw inventory value is a Jinja template Ansible would render (an `!unsafe` string never is):
+    the one test resolving, redacting for display and the Ansible export share."""
+    return isinstance(value, str) and not isinstance(value, Unsafe) and any(m in value for m in _MARKERS)
+
+
 class _FromFile:
     """The value of VAR read from the controller file VAR_file names (the path may be a template itself)."""
 
@@ -149,7 +155,7 @@ class HostVars(Mapping[str, Any]):
             return {k: self._resolve(key, v) for k, v in value.items()}
         if isinstance(value, list):
             return [self._resolve(key, v) for v in value]
-        if isinstance(value, str) and any(m in value for m in _MARKERS):
+        if is_template(value):
             from ernie_deploy.inventory.templating import render  # Jinja only for the inventories that use it
             return render(value, self, key)
         return value

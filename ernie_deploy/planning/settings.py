@@ -16,6 +16,7 @@ from ernie_deploy.checks.progress import VARIABLES as PROGRESS_VARIABLES
 from ernie_deploy.checks.progress import thresholds_of
 from ernie_deploy.errors import InventoryError
 from ernie_deploy.inventory.coerce import coerce
+from ernie_deploy.inventory.resolve import is_template
 
 
 class Secret:
@@ -173,7 +174,7 @@ EMPTY_SECRET_HINT = "give the secret a value: is the environment variable or fil
 def redacted_secrets(host_vars: Mapping[str, Any]) -> dict[str, Any]:
     """Raw inventory variables for display: a secret's plain value becomes [REDACTED]; a value that reveals
     nothing by itself (vault ciphertext, a template such as a lookup) is kept."""
-    return {k: "[REDACTED]" if k in SECRET_INVENTORY_VARS and isinstance(v, str) and "{{" not in v else v
+    return {k: "[REDACTED]" if k in SECRET_INVENTORY_VARS and isinstance(v, str) and not is_template(v) else v
             for k, v in host_vars.items()}
 DEFAULTS: dict[str, Any] = {
     "pipeline_parallel_size": 1,
